@@ -1,0 +1,83 @@
+// The one seam between the XLA FFI handlers and every attention kernel (CPU, sm80, sm90).
+// Handlers fill it from buffers and attributes; kernels read nothing else. Plain data only,
+// so the same struct is passed by value to CUDA kernels.
+//
+// Tensor layouts (all row-major, last dimension contiguous):
+//   q, o, do, dq : [batch, seqlen_q, heads_q,  head_dim]
+//   k, v, dk, dv : [batch, seqlen_k, heads_kv, head_dim]
+//   lse, dsum    : [batch, heads_q, seqlen_q]   (float32)
+// Strides are in elements and 64-bit so that batch*seqlen*heads*head_dim may pass 2^31.
+#pragma once
+
+#include <cstdint>
+
+namespace jax_flash {
+
+enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+struct FlashFwdParams {
+  // --- inputs ---
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const int32_t* q_lens = nullptr;   // [batch] valid query rows per batch; nullptr = seqlen_q
+  const int32_t* kv_lens = nullptr;  // [batch] valid key rows per batch;   nullptr = seqlen_k
+  // --- outputs ---
+  void* o = nullptr;
+  float* lse = nullptr;  // natural-log logsumexp of the scaled (softcapped) logits; -inf on empty rows
+
+  // --- sizes ---
+  int batch = 0;
+  int seqlen_q = 0;
+  int seqlen_k = 0;
+  int heads_q = 0;
+  int heads_kv = 0;  // heads_q % heads_kv == 0; q head h reads kv head h / (heads_q / heads_kv)
+  int head_dim = 0;
+  DType dtype = DType::kFloat32;  // of q, k, v, o (and do, dq, dk, dv in the backward)
+
+  // --- strides (elements) ---
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+
+  // --- the attention function ---
+  float scale = 1.f;    // logits = scale * q.k
+  float softcap = 0.f;  // > 0: logits -> softcap * tanh(logits / softcap), before masking
+  // Visibility of key j to query i (see mask.h): with d = i + q_offset_b - j,
+  // visible iff j < kv_len_b, i < q_len_b, d <= window_left (if >= 0), -d <= window_right
+  // (if >= 0). Causal is window_right = 0 and is folded in by the handler.
+  int window_left = -1;   // -1 = unbounded
+  int window_right = -1;  // -1 = unbounded
+  bool causal = false;    // informational (already folded into window_right); kernels may specialise on it
+  int64_t q_offset = 0;   // position of query row 0 relative to key row 0
+  bool bottom_right = false;  // add (kv_len_b - q_len_b) to q_offset per batch (KV-cache alignment)
+
+  int64_t group() const { return heads_q / heads_kv; }
+};
+
+struct FlashBwdParams : FlashFwdParams {
+  // --- extra inputs (o and lse above are read, not written) ---
+  const void* dout = nullptr;  // [batch, seqlen_q, heads_q, head_dim], strides as o
+  int64_t do_batch_stride = 0, do_row_stride = 0, do_head_stride = 0;
+  // --- outputs ---
+  void* dq = nullptr;  // strides as q
+  void* dk = nullptr;  // strides as k
+  void* dv = nullptr;  // strides as v
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+  // --- workspace, handed in by the FFI as extra outputs (never allocated by kernels) ---
+  float* dsum = nullptr;      // [batch, heads_q, seqlen_q]: rowsum(dO * O)
+  float* dq_accum = nullptr;  // GPU only: fp32 dQ accumulator, layout [batch, heads_q, seqlen_q_rounded, head_dim_rounded]
+  int seqlen_q_rounded = 0;
+  int head_dim_rounded = 0;
+  bool deterministic = false;  // GPU: no order-dependent float atomics
+};
+
+// Shape of the GPU dQ accumulator workspace, [batch, heads_q, rows, cols] float32.
+// Python mirrors this (jax_flash/_primitives.py) to size the FFI output buffer.
+inline int64_t dq_accum_rows(int seqlen_q) { return (int64_t(seqlen_q) + 127) / 128 * 128; }
+inline int64_t dq_accum_cols(int head_dim) { return (int64_t(head_dim) + 63) / 64 * 64; }
+
+}  // namespace jax_flash

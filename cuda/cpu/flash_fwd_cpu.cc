@@ -1,0 +1,95 @@
+// CPU forward: for each (batch, q head) and each block of query rows, stream over the
+// visible key blocks keeping a running max, running sum and float32 accumulator
+// (online softmax). Memory is O(kBlockQ * (kBlockK + head_dim)) per thread.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "../common/mask.h"
+#include "flash_cpu.h"
+#include "parallel.h"
+#include "tile.h"
+
+namespace jax_flash::cpu {
+
+void flash_fwd(const FlashFwdParams& p) {
+  const int H = p.head_dim;
+  const int64_t group = p.group();
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+  parallel_for(int64_t(p.batch) * p.heads_q, [&](int64_t task) {
+    const int b = int(task / p.heads_q);
+    const int h = int(task % p.heads_q);
+    const int hk = int(h / group);
+    const SeqMask mask = make_seq_mask(p, b);
+    const int64_t q_off = b * p.q_batch_stride + h * p.q_head_stride;
+    const int64_t k_off = b * p.k_batch_stride + hk * p.k_head_stride;
+    const int64_t v_off = b * p.v_batch_stride + hk * p.v_head_stride;
+    const int64_t o_off = b * p.o_batch_stride + h * p.o_head_stride;
+    float* lse = p.lse + (int64_t(b) * p.heads_q + h) * p.seqlen_q;
+
+    std::vector<float> qf(kBlockQ * H), kt(H * kBlockK), vf(kBlockK * H), row(H);
+    std::vector<float> s(kBlockQ * kBlockK), acc(kBlockQ * H);
+    float m[kBlockQ], l[kBlockQ];
+
+    for (int64_t r0 = 0; r0 < p.seqlen_q; r0 += kBlockQ) {
+      const int nr = int(std::min<int64_t>(kBlockQ, p.seqlen_q - r0));
+      int64_t klo, khi;
+      mask.key_range(r0, r0 + nr, &klo, &khi);
+      std::fill(acc.begin(), acc.end(), 0.f);
+      std::fill(m, m + kBlockQ, kNegInf);
+      std::fill(l, l + kBlockQ, 0.f);
+      if (khi > klo) load_tile(p.q, p.dtype, q_off, p.q_row_stride, r0, nr, H, qf.data(), H);
+
+      for (int64_t k0 = klo; k0 < khi; k0 += kBlockK) {
+        const int nk = int(std::min<int64_t>(kBlockK, khi - k0));
+        load_tile_t(p.k, p.dtype, k_off, p.k_row_stride, k0, nk, H, row.data(), kt.data(), kBlockK);
+        load_tile(p.v, p.dtype, v_off, p.v_row_stride, k0, nk, H, vf.data(), H);
+        gemm_nt_into(nr, nk, H, qf.data(), H, kt.data(), kBlockK, s.data(), kBlockK);
+        const bool full = mask.tile_full(r0, r0 + nr, k0, k0 + nk);
+        for (int i = 0; i < nr; ++i) {
+          float* si = s.data() + i * kBlockK;
+          float mx = m[i];
+          for (int j = 0; j < nk; ++j) {
+            float x = apply_softcap(si[j] * p.scale, p.softcap);
+            if (!full && !mask.visible(r0 + i, k0 + j)) x = kNegInf;
+            si[j] = x;
+            mx = std::max(mx, x);
+          }
+          if (mx == kNegInf) continue;  // nothing visible in this row yet
+          const float alpha = std::exp(m[i] - mx);  // exp(-inf) = 0 on the first visible block
+          float sum = 0.f;
+          for (int j = 0; j < nk; ++j) {
+            si[j] = std::exp(si[j] - mx);
+            sum += si[j];
+          }
+          l[i] = l[i] * alpha + sum;
+          m[i] = mx;
+          float* ai = acc.data() + i * H;
+          if (alpha != 1.f)
+            for (int d = 0; d < H; ++d) ai[d] *= alpha;
+        }
+        // Rows whose max is still -inf hold exp(-inf - -inf) garbage: zero them first.
+        for (int i = 0; i < nr; ++i)
+          if (m[i] == kNegInf) std::fill(s.data() + i * kBlockK, s.data() + i * kBlockK + nk, 0.f);
+        gemm_acc(nr, nk, H, 1.f, s.data(), kBlockK, vf.data(), H, acc.data(), H);
+      }
+
+      for (int i = 0; i < nr; ++i) {
+        float* ai = acc.data() + i * H;
+        if (l[i] > 0.f) {
+          const float inv = 1.f / l[i];
+          for (int d = 0; d < H; ++d) ai[d] *= inv;
+          lse[r0 + i] = m[i] + std::log(l[i]);
+        } else {  // empty row: out 0, lse -inf
+          std::fill(ai, ai + H, 0.f);
+          lse[r0 + i] = kNegInf;
+        }
+        store_row(p.o, p.dtype, o_off + (r0 + i) * p.o_row_stride, H, ai);
+      }
+    }
+  });
+}
+
+}  // namespace jax_flash::cpu

@@ -1,0 +1,130 @@
+// XLA FFI handlers of the CUDA backend: decode, fill params, pick a kernel family, launch
+// on XLA's stream. No synchronisation and no allocation (workspaces are extra FFI
+// outputs), so the handlers are marked CUDA-graph compatible.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "../sm80/flash_sm80.h"
+#ifdef JAX_FLASH_WITH_SM90
+#include "../sm90/flash_sm90.h"
+#endif
+#include "ffi_params.h"
+#include "handlers.h"
+
+namespace ffi = ::xla::ffi;
+
+namespace jax_flash {
+namespace {
+
+enum Kernel : int32_t { kAuto = 0, kPortable = 1, kHopper = 2 };
+
+// Compute capability major*10+minor of the current device, cached per device.
+int device_cc() {
+  static int cached[64] = {0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+  if (cached[dev] == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    cached[dev] = major * 10 + minor;
+  }
+  return cached[dev];
+}
+
+ffi::Error to_ffi(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string("jax_flash: ") + what + " failed: " + cudaGetErrorString(err));
+}
+
+ffi::Error check_gpu_supported(const FlashFwdParams& p) {
+  if (p.dtype == DType::kFloat32)
+    return ffi::Error::InvalidArgument(
+        "jax_flash: float32 inputs are not supported on the GPU; cast to bfloat16 or float16");
+  if (p.head_dim > 256)
+    return ffi::Error::InvalidArgument("jax_flash: head_dim > 256 is not supported on the GPU");
+  return ffi::Error::Success();
+}
+
+// True when the Hopper kernels should run (and were built).
+bool want_hopper(int32_t kernel) {
+#ifdef JAX_FLASH_WITH_SM90
+  if (kernel == kHopper) return true;
+  return kernel == kAuto && device_cc() == 90;
+#else
+  (void)kernel;
+  return false;
+#endif
+}
+
+ffi::Error FwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                   ffi::AnyBuffer q_lens, ffi::AnyBuffer kv_lens, FlashAttrs attrs,
+                   ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse) {
+  FlashFwdParams p;
+  if (auto e = fill_fwd_params(q, k, v, q_lens, kv_lens, attrs, &p); e.failure()) return e;
+  if (auto e = check_gpu_supported(p); e.failure()) return e;
+  p.o = o->untyped_data();
+  p.lse = static_cast<float*>(lse->untyped_data());
+  if (attrs.kernel == kHopper && !want_hopper(attrs.kernel))
+    return ffi::Error::InvalidArgument("jax_flash: kernel='hopper' requested but the sm90 kernels were not built");
+#ifdef JAX_FLASH_WITH_SM90
+  if (want_hopper(attrs.kernel)) {
+    cudaError_t err = flash_fwd_sm90(p, stream);
+    if (err != cudaErrorNotSupported || attrs.kernel == kHopper) return to_ffi(err, "flash_fwd_sm90");
+    cudaGetLastError();  // clear the not-supported status before falling back
+  }
+#endif
+  return to_ffi(flash_fwd_sm80(p, stream), "flash_fwd_sm80");
+}
+
+ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                   ffi::AnyBuffer o, ffi::AnyBuffer lse, ffi::AnyBuffer dout, ffi::AnyBuffer q_lens,
+                   ffi::AnyBuffer kv_lens, FlashAttrs attrs, ffi::Result<ffi::AnyBuffer> dq,
+                   ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                   ffi::Result<ffi::AnyBuffer> dsum, ffi::Result<ffi::AnyBuffer> dq_accum) {
+  FlashBwdParams p;
+  if (auto e = fill_bwd_params(q, k, v, o, lse, dout, q_lens, kv_lens, attrs, &p); e.failure()) return e;
+  if (auto e = check_gpu_supported(p); e.failure()) return e;
+  p.dq = dq->untyped_data();
+  p.dk = dk->untyped_data();
+  p.dv = dv->untyped_data();
+  p.dsum = static_cast<float*>(dsum->untyped_data());
+  p.dq_accum = static_cast<float*>(dq_accum->untyped_data());
+  return to_ffi(flash_bwd_sm80(p, stream), "flash_bwd_sm80");
+}
+
+}  // namespace
+}  // namespace jax_flash
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashFwdCuda, jax_flash::FwdCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // q [B, T, N, H]
+                                  .Arg<ffi::AnyBuffer>()  // k [B, S, K, H]
+                                  .Arg<ffi::AnyBuffer>()  // v [B, S, K, H]
+                                  .Arg<ffi::AnyBuffer>()  // q_lens int32 [B] or [0]
+                                  .Arg<ffi::AnyBuffer>()  // kv_lens int32 [B] or [0]
+                                  .Attrs<jax_flash::FlashAttrs>()
+                                  .Ret<ffi::AnyBuffer>()   // o [B, T, N, H]
+                                  .Ret<ffi::AnyBuffer>(),  // lse float32 [B, N, T]
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBwdCuda, jax_flash::BwdCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // q
+                                  .Arg<ffi::AnyBuffer>()  // k
+                                  .Arg<ffi::AnyBuffer>()  // v
+                                  .Arg<ffi::AnyBuffer>()  // o (forward output)
+                                  .Arg<ffi::AnyBuffer>()  // lse float32 [B, N, T]
+                                  .Arg<ffi::AnyBuffer>()  // do (cotangent of o)
+                                  .Arg<ffi::AnyBuffer>()  // q_lens int32 [B] or [0]
+                                  .Arg<ffi::AnyBuffer>()  // kv_lens int32 [B] or [0]
+                                  .Attrs<jax_flash::FlashAttrs>()
+                                  .Ret<ffi::AnyBuffer>()   // dq
+                                  .Ret<ffi::AnyBuffer>()   // dk
+                                  .Ret<ffi::AnyBuffer>()   // dv
+                                  .Ret<ffi::AnyBuffer>()   // workspace: dsum float32 [B, N, T]
+                                  .Ret<ffi::AnyBuffer>(),  // workspace: dq_accum float32 [B, N, rows, cols]
+                              {ffi::Traits::kCmdBufferCompatible});

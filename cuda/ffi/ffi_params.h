@@ -1,0 +1,134 @@
+// Turns XLA FFI buffers and attributes into the params struct. Shared by the CPU and
+// CUDA handlers so both decode the call identically; knows nothing of tiling.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "../common/flash_params.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_flash {
+
+// The custom call's attributes, one struct for forward and backward (Python passes the
+// same set to both, see jax_flash/_primitives.py).
+struct FlashAttrs {
+  float scale;         // logit scale
+  float softcap;       // 0 = off
+  int32_t window_left;   // -1 = unbounded
+  int32_t window_right;  // -1 = unbounded; causal already folded in as 0
+  bool causal;         // informational: lets kernels specialise
+  int64_t q_offset;    // query row 0's key position
+  bool bottom_right;   // add kv_len - q_len per batch to q_offset
+  bool deterministic;  // backward: reproducible dQ accumulation (GPU)
+  int32_t kernel;      // GPU kernel family: 0 auto, 1 portable (sm80), 2 hopper (sm90)
+};
+
+namespace ffi_detail {
+
+inline ::xla::ffi::Error check_dtype(const ::xla::ffi::AnyBuffer& buf, DType* out, const char* name) {
+  using ::xla::ffi::DataType;
+  switch (buf.element_type()) {
+    case DataType::F32: *out = DType::kFloat32; return ::xla::ffi::Error::Success();
+    case DataType::BF16: *out = DType::kBFloat16; return ::xla::ffi::Error::Success();
+    case DataType::F16: *out = DType::kFloat16; return ::xla::ffi::Error::Success();
+    default:
+      return ::xla::ffi::Error::InvalidArgument(std::string("jax_flash: unsupported dtype for ") + name);
+  }
+}
+
+// Element strides of a contiguous [B, L, N, H] buffer.
+inline void blnh_strides(const ::xla::ffi::AnyBuffer& buf, int64_t* batch, int64_t* row, int64_t* head) {
+  auto d = buf.dimensions();
+  *head = d[3];
+  *row = d[2] * d[3];
+  *batch = d[1] * d[2] * d[3];
+}
+
+}  // namespace ffi_detail
+
+// Fills everything but the output pointers' meaning for the backward.
+inline ::xla::ffi::Error fill_fwd_params(const ::xla::ffi::AnyBuffer& q, const ::xla::ffi::AnyBuffer& k,
+                                         const ::xla::ffi::AnyBuffer& v, const ::xla::ffi::AnyBuffer& q_lens,
+                                         const ::xla::ffi::AnyBuffer& kv_lens, const FlashAttrs& a,
+                                         FlashFwdParams* p) {
+  using ::xla::ffi::Error;
+  if (q.dimensions().size() != 4 || k.dimensions().size() != 4 || v.dimensions().size() != 4)
+    return Error::InvalidArgument("jax_flash: q, k, v must be rank 4 [B, L, N, H]");
+  DType dt;
+  if (auto e = ffi_detail::check_dtype(q, &dt, "q"); e.failure()) return e;
+  if (k.element_type() != q.element_type() || v.element_type() != q.element_type())
+    return Error::InvalidArgument("jax_flash: q, k, v dtypes differ");
+  auto qd = q.dimensions();
+  auto kd = k.dimensions();
+  p->q = q.untyped_data();
+  p->k = k.untyped_data();
+  p->v = v.untyped_data();
+  p->q_lens = q_lens.element_count() ? static_cast<const int32_t*>(q_lens.untyped_data()) : nullptr;
+  p->kv_lens = kv_lens.element_count() ? static_cast<const int32_t*>(kv_lens.untyped_data()) : nullptr;
+  p->batch = int(qd[0]);
+  p->seqlen_q = int(qd[1]);
+  p->heads_q = int(qd[2]);
+  p->head_dim = int(qd[3]);
+  p->seqlen_k = int(kd[1]);
+  p->heads_kv = int(kd[2]);
+  if (p->heads_kv <= 0 || p->heads_q % p->heads_kv != 0)
+    return Error::InvalidArgument("jax_flash: heads_q must be a multiple of heads_kv");
+  p->dtype = dt;
+  ffi_detail::blnh_strides(q, &p->q_batch_stride, &p->q_row_stride, &p->q_head_stride);
+  ffi_detail::blnh_strides(k, &p->k_batch_stride, &p->k_row_stride, &p->k_head_stride);
+  ffi_detail::blnh_strides(v, &p->v_batch_stride, &p->v_row_stride, &p->v_head_stride);
+  // o has q's shape.
+  p->o_batch_stride = p->q_batch_stride;
+  p->o_row_stride = p->q_row_stride;
+  p->o_head_stride = p->q_head_stride;
+  p->scale = a.scale;
+  p->softcap = a.softcap;
+  p->window_left = a.window_left;
+  p->window_right = a.window_right;
+  p->causal = a.causal;
+  p->q_offset = a.q_offset;
+  p->bottom_right = a.bottom_right;
+  return Error::Success();
+}
+
+inline ::xla::ffi::Error fill_bwd_params(const ::xla::ffi::AnyBuffer& q, const ::xla::ffi::AnyBuffer& k,
+                                         const ::xla::ffi::AnyBuffer& v, const ::xla::ffi::AnyBuffer& o,
+                                         const ::xla::ffi::AnyBuffer& lse, const ::xla::ffi::AnyBuffer& dout,
+                                         const ::xla::ffi::AnyBuffer& q_lens,
+                                         const ::xla::ffi::AnyBuffer& kv_lens, const FlashAttrs& a,
+                                         FlashBwdParams* p) {
+  if (auto e = fill_fwd_params(q, k, v, q_lens, kv_lens, a, p); e.failure()) return e;
+  p->o = const_cast<void*>(o.untyped_data());  // read-only in the backward
+  p->lse = static_cast<float*>(const_cast<void*>(lse.untyped_data()));
+  p->dout = dout.untyped_data();
+  p->do_batch_stride = p->q_batch_stride;
+  p->do_row_stride = p->q_row_stride;
+  p->do_head_stride = p->q_head_stride;
+  p->dq_batch_stride = p->q_batch_stride;
+  p->dq_row_stride = p->q_row_stride;
+  p->dq_head_stride = p->q_head_stride;
+  p->dk_batch_stride = p->k_batch_stride;
+  p->dk_row_stride = p->k_row_stride;
+  p->dk_head_stride = p->k_head_stride;
+  p->dv_batch_stride = p->v_batch_stride;
+  p->dv_row_stride = p->v_row_stride;
+  p->dv_head_stride = p->v_head_stride;
+  p->seqlen_q_rounded = int(dq_accum_rows(p->seqlen_q));
+  p->head_dim_rounded = int(dq_accum_cols(p->head_dim));
+  p->deterministic = a.deterministic;
+  return ::xla::ffi::Error::Success();
+}
+
+}  // namespace jax_flash
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_flash::FlashAttrs,
+                                      ::xla::ffi::StructMember<float>("scale"),
+                                      ::xla::ffi::StructMember<float>("softcap"),
+                                      ::xla::ffi::StructMember<int32_t>("window_left"),
+                                      ::xla::ffi::StructMember<int32_t>("window_right"),
+                                      ::xla::ffi::StructMember<bool>("causal"),
+                                      ::xla::ffi::StructMember<int64_t>("q_offset"),
+                                      ::xla::ffi::StructMember<bool>("bottom_right"),
+                                      ::xla::ffi::StructMember<bool>("deterministic"),
+                                      ::xla::ffi::StructMember<int32_t>("kernel"));

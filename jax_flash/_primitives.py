@@ -1,0 +1,244 @@
+"""The forward and backward primitives: abstract evaluation, lowering to the FFI targets
+per platform, and batching rules that fold vmapped axes into the kernel's batch or head
+dimension.
+
+Operand layouts (what the kernels read):
+  q, o, do, dq   [B, T, N, H]
+  k, v, dk, dv   [B, S, K, H]     N % K == 0; q head n reads kv head n // (N // K)
+  lse            [B, N, T] float32
+  q_lens, kv_lens int32 [B], or int32 [0] when absent
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jex_core
+from jax.interpreters import batching, mlir
+
+from . import _ffi
+
+KERNELS = {"auto": 0, "portable": 1, "hopper": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskSpec:
+    """Static description of the attention function (hashable: it is a primitive param)."""
+
+    scale: float
+    softcap: float = 0.0  # 0 = off
+    window_left: int = -1  # -1 = unbounded
+    window_right: int = -1  # -1 = unbounded; causal folds in as 0
+    causal: bool = False
+    q_offset: int = 0
+    bottom_right: bool = False
+    deterministic: bool = False
+    kernel: str = "auto"
+
+    def ffi_attrs(self) -> dict:
+        return dict(
+            scale=np.float32(self.scale),
+            softcap=np.float32(self.softcap),
+            window_left=np.int32(self.window_left),
+            window_right=np.int32(self.window_right),
+            causal=bool(self.causal),
+            q_offset=np.int64(self.q_offset),
+            bottom_right=bool(self.bottom_right),
+            deterministic=bool(self.deterministic),
+            kernel=np.int32(KERNELS[self.kernel]),
+        )
+
+
+# The GPU dQ accumulator's padded shape; mirrors dq_accum_rows/cols in flash_params.h.
+def _dq_accum_shape(B, N, T, H):
+    return (B, N, -(-T // 128) * 128, -(-H // 64) * 64)
+
+
+# ----------------------------------------------------------------------------- forward
+
+flash_fwd_p = jex_core.Primitive("jax_flash_fwd")
+flash_fwd_p.multiple_results = True
+
+
+def _fwd_abstract(q, k, v, q_lens, kv_lens, *, spec):
+    B, T, N, _ = q.shape
+    return (
+        jax.core.ShapedArray(q.shape, q.dtype),
+        jax.core.ShapedArray((B, N, T), jnp.float32),
+    )
+
+
+flash_fwd_p.def_abstract_eval(_fwd_abstract)
+
+
+def _fwd_lowering(ctx, q, k, v, q_lens, kv_lens, *, spec):
+    return jax.ffi.ffi_lowering(_ffi.FWD_TARGET)(ctx, q, k, v, q_lens, kv_lens, **spec.ffi_attrs())
+
+
+# ---------------------------------------------------------------------------- backward
+
+flash_bwd_p = jex_core.Primitive("jax_flash_bwd")
+flash_bwd_p.multiple_results = True
+
+
+def _bwd_abstract(q, k, v, o, lse, do, q_lens, kv_lens, *, spec):
+    return (
+        jax.core.ShapedArray(q.shape, q.dtype),
+        jax.core.ShapedArray(k.shape, k.dtype),
+        jax.core.ShapedArray(v.shape, v.dtype),
+    )
+
+
+flash_bwd_p.def_abstract_eval(_bwd_abstract)
+
+
+def _bwd_lowering(ctx, *args, spec, platform):
+    # Workspaces are extra outputs of the custom call (not scratch allocations inside the
+    # kernel), so XLA owns their lifetime; they are dropped here.
+    q_aval = ctx.avals_in[0]
+    B, T, N, H = q_aval.shape
+    workspaces = [jax.core.ShapedArray((B, N, T), jnp.float32)]  # dsum = rowsum(dO * O)
+    if platform == "cuda":
+        workspaces.append(jax.core.ShapedArray(_dq_accum_shape(B, N, T, H), jnp.float32))
+    ctx = ctx.replace(avals_out=[*ctx.avals_out, *workspaces])
+    results = jax.ffi.ffi_lowering(_ffi.BWD_TARGET)(ctx, *args, **spec.ffi_attrs())
+    return results[:3]
+
+
+for _p, _rule in ((flash_fwd_p, _fwd_lowering),):
+    mlir.register_lowering(_p, _rule, platform="cpu")
+    mlir.register_lowering(_p, _rule, platform="cuda")
+mlir.register_lowering(flash_bwd_p, partial(_bwd_lowering, platform="cpu"), platform="cpu")
+mlir.register_lowering(flash_bwd_p, partial(_bwd_lowering, platform="cuda"), platform="cuda")
+
+
+def _impl(prim, *args, **params):
+    return jax.jit(partial(prim.bind, **params))(*args)
+
+
+flash_fwd_p.def_impl(partial(_impl, flash_fwd_p))
+flash_bwd_p.def_impl(partial(_impl, flash_bwd_p))
+
+
+def flash_fwd(q, k, v, q_lens, kv_lens, spec: MaskSpec):
+    return flash_fwd_p.bind(q, k, v, q_lens, kv_lens, spec=spec)
+
+
+def flash_bwd(q, k, v, o, lse, do, q_lens, kv_lens, spec: MaskSpec):
+    return flash_bwd_p.bind(q, k, v, o, lse, do, q_lens, kv_lens, spec=spec)
+
+
+# ---------------------------------------------------------------------------- batching
+#
+# A vmapped axis of size V folds into the kernel's problem in one of three ways:
+#   * into heads, when q/k/v are all mapped at axis 2 (next to heads): a free reshape
+#     [B, L, V, N, H] -> [B, L, V*N, H]; q head v*N + n reads kv head v*K + n // G.
+#   * into GQA groups, when only the q side is mapped (k/v shared): q's axis moves next to
+#     heads, [B, T, N, V, H] -> [B, T, N*V, H], so q head n*V + v reads kv head n // G,
+#     and k/v are read once, never broadcast. The backward sums dk/dv over the group.
+#   * into batch, otherwise: [V, B, ...] -> [V*B, ...] (free when mapped at axis 0).
+
+_NOT = None  # how JAX marks an unmapped operand
+
+
+def _size_of(args, dims):
+    for a, d in zip(args, dims):
+        if d is not _NOT:
+            return a.shape[d]
+    raise AssertionError("no mapped operand")
+
+
+def _to_axis(x, d, axis, size):
+    """x with its mapped axis at `axis` (broadcast in if unmapped)."""
+    if d is _NOT:
+        x = jnp.broadcast_to(jnp.expand_dims(x, axis), x.shape[:axis] + (size,) + x.shape[axis:])
+        return x
+    return jnp.moveaxis(x, d, axis)
+
+
+def _merge(x, axis):
+    """Merge axis with axis + 1."""
+    s = x.shape
+    return x.reshape(s[:axis] + (s[axis] * s[axis + 1],) + s[axis + 2 :])
+
+
+def _split(x, axis, size, outer: bool):
+    """Inverse of _merge: axis -> (size, rest) if outer else (rest, size)."""
+    s = x.shape
+    n = s[axis]
+    parts = (size, n // size) if outer else (n // size, size)
+    return x.reshape(s[:axis] + parts + s[axis + 1 :])
+
+
+def _lens_for_batch_fold(lens, d, size):
+    """Lengths [B] (or absent [0]) for the fold [V, B] -> [V*B]."""
+    if lens.shape == (0,) and d is _NOT:
+        return lens
+    if d is _NOT:
+        return jnp.tile(lens, size)
+    return jnp.moveaxis(lens, d, 0).reshape(-1)
+
+
+def _fold_mode(q_side_dims, kv_dims, lens_dims, lse_dim=None):
+    lens_unmapped = all(d is _NOT for d in lens_dims)
+    if all(d is _NOT for d in kv_dims) and lens_unmapped:
+        return "group"
+    if (
+        lens_unmapped
+        and all(d == 2 for d in q_side_dims)
+        and all(d == 2 for d in kv_dims)
+        and (lse_dim is None or lse_dim == 1)
+    ):
+        return "heads"
+    return "batch"
+
+
+def _fwd_batch(args, dims, *, spec):
+    q, k, v, ql, kvl = args
+    qd, kd, vd, qld, kvld = dims
+    V = _size_of(args, dims)
+    mode = _fold_mode([qd], [kd, vd], [qld, kvld])
+    if mode == "group":
+        q = _merge(_to_axis(q, qd, 3, V), 2)
+        o, lse = flash_fwd(q, k, v, ql, kvl, spec)
+        return (_split(o, 2, V, outer=False), _split(lse, 1, V, outer=False)), (3, 2)
+    if mode == "heads":
+        q, k, v = (_merge(x, 2) for x in (q, k, v))
+        o, lse = flash_fwd(q, k, v, ql, kvl, spec)
+        return (_split(o, 2, V, outer=True), _split(lse, 1, V, outer=True)), (2, 1)
+    q, k, v = (_merge(_to_axis(x, d, 0, V), 0) for x, d in ((q, qd), (k, kd), (v, vd)))
+    ql, kvl = _lens_for_batch_fold(ql, qld, V), _lens_for_batch_fold(kvl, kvld, V)
+    o, lse = flash_fwd(q, k, v, ql, kvl, spec)
+    return (_split(o, 0, V, outer=True), _split(lse, 0, V, outer=True)), (0, 0)
+
+
+def _bwd_batch(args, dims, *, spec):
+    q, k, v, o, lse, do, ql, kvl = args
+    qd, kd, vd, od, lsed, dod, qld, kvld = dims
+    V = _size_of(args, dims)
+    mode = _fold_mode([qd, od, dod], [kd, vd], [qld, kvld], lse_dim=lsed)
+    if mode == "group":
+        q, o, do = (_merge(_to_axis(x, d, 3, V), 2) for x, d in ((q, qd), (o, od), (do, dod)))
+        lse = _merge(_to_axis(lse, lsed, 2, V), 1)
+        dq, dk, dv = flash_bwd(q, k, v, o, lse, do, ql, kvl, spec)
+        return (_split(dq, 2, V, outer=False), dk, dv), (3, _NOT, _NOT)
+    if mode == "heads":
+        q, k, v, o, do = (_merge(x, 2) for x in (q, k, v, o, do))
+        lse = _merge(lse, 1)
+        dq, dk, dv = flash_bwd(q, k, v, o, lse, do, ql, kvl, spec)
+        return tuple(_split(x, 2, V, outer=True) for x in (dq, dk, dv)), (2, 2, 2)
+    q, k, v, o, lse, do = (
+        _merge(_to_axis(x, d, 0, V), 0)
+        for x, d in ((q, qd), (k, kd), (v, vd), (o, od), (lse, lsed), (do, dod))
+    )
+    ql, kvl = _lens_for_batch_fold(ql, qld, V), _lens_for_batch_fold(kvl, kvld, V)
+    dq, dk, dv = flash_bwd(q, k, v, o, lse, do, ql, kvl, spec)
+    return tuple(_split(x, 0, V, outer=True) for x in (dq, dk, dv)), (0, 0, 0)
+
+
+batching.primitive_batchers[flash_fwd_p] = _fwd_batch
+batching.primitive_batchers[flash_bwd_p] = _bwd_batch

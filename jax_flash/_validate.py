@@ -1,0 +1,105 @@
+"""Trace-time argument checks: every bad input becomes a ValueError/TypeError that names
+the argument, before anything reaches a kernel."""
+
+from __future__ import annotations
+
+import numbers
+
+import jax.numpy as jnp
+import numpy as np
+
+SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+MAX_HEAD_DIM = 256
+
+
+def check_dtype(name, x):
+    if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must be bfloat16, float16 or float32, got {x.dtype}")
+
+
+def check_same_dtype(names, xs):
+    dts = {jnp.dtype(x.dtype) for x in xs}
+    if len(dts) != 1:
+        listed = ", ".join(f"{n}={x.dtype}" for n, x in zip(names, xs))
+        raise TypeError(f"{', '.join(names)} must share one dtype, got {listed}")
+
+
+def check_head_dim(name, h):
+    if not 1 <= h <= MAX_HEAD_DIM:
+        raise ValueError(f"{name} head dim (last axis) must be in [1, {MAX_HEAD_DIM}], got {h}")
+
+
+def check_nonempty(name, axis_name, n):
+    if n < 1:
+        raise ValueError(f"{name} must have {axis_name} >= 1, got {n}")
+
+
+def check_scale(scale):
+    if scale is None:
+        return
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
+        raise TypeError(
+            f"scale must be a Python or NumPy real number (static), got {type(scale).__name__}"
+        )
+    if not np.isfinite(float(scale)):
+        raise ValueError(f"scale must be finite, got {scale}")
+
+
+def check_softcap(softcap):
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a positive real number or None, got {type(softcap).__name__}")
+    if not (float(softcap) > 0 and np.isfinite(float(softcap))):
+        raise ValueError(f"softcap must be positive and finite, got {softcap}")
+    return float(softcap)
+
+
+def _is_int(x):
+    return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def normalize_window(name, window):
+    """None | int | (left, right) with left/right int >= 0 or None -> (left, right) with -1 = unbounded."""
+    if window is None:
+        return -1, -1
+    if _is_int(window):
+        window = (window, window)
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"{name} must be an int or a (left, right) pair of ints, got {window!r}")
+    out = []
+    for side, w in zip(("left", "right"), window):
+        if w is None:
+            out.append(-1)
+            continue
+        if not _is_int(w):
+            raise TypeError(f"{name} {side} size must be an int or None, got {w!r}")
+        if w < 0:
+            raise ValueError(f"{name} {side} size must be >= 0, got {w}")
+        if w >= 2**31 - 1:
+            out.append(-1)  # wider than any sequence: unbounded
+            continue
+        out.append(int(w))
+    return tuple(out)
+
+
+def check_lengths(name, lens, batch):
+    """Integer lengths of shape [batch] -> int32 array (or None)."""
+    if lens is None:
+        return None
+    lens = jnp.asarray(lens)
+    if not jnp.issubdtype(lens.dtype, jnp.integer):
+        raise TypeError(f"{name} must be an integer array, got {lens.dtype}")
+    if lens.shape != (batch,):
+        raise ValueError(f"{name} must have shape ({batch},) (one length per batch element), got {lens.shape}")
+    return lens.astype(jnp.int32)
+
+
+def check_q_offset(q_offset):
+    if isinstance(q_offset, str):
+        if q_offset != "bottom_right":
+            raise ValueError(f"q_offset must be an int or 'bottom_right', got {q_offset!r}")
+        return 0, True
+    if not _is_int(q_offset):
+        raise TypeError(f"q_offset must be an int or 'bottom_right', got {type(q_offset).__name__}")
+    return int(q_offset), False

@@ -1,0 +1,238 @@
+"""The public API: `flash_attention` (single-head core) and `dot_product_attention` (a
+drop-in for `jax.nn.dot_product_attention`). Both end in `_attention`, a custom_vjp over
+the forward and backward primitives on [B, L, N, H] operands."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from . import _validate as V
+from ._primitives import KERNELS, MaskSpec, flash_bwd, flash_fwd
+
+_NO_LENS = None  # sentinel for absent lengths in the public API
+
+
+def _lens_operand(lens):
+    # Absent lengths travel as an int32 [0] operand (the handlers read it as "full").
+    return jnp.zeros((0,), jnp.int32) if lens is None else lens
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attention(q, k, v, q_lens, kv_lens, spec):
+    out, lse = flash_fwd(q, k, v, q_lens, kv_lens, spec)
+    return out, lse
+
+
+def _attention_fwd(q, k, v, q_lens, kv_lens, spec):
+    out, lse = flash_fwd(q, k, v, q_lens, kv_lens, spec)
+    return (out, lse), (q, k, v, out, lse, q_lens, kv_lens)
+
+
+def _attention_bwd(spec, res, cts):
+    q, k, v, out, lse, q_lens, kv_lens = res
+    dout, _ = cts  # lse is returned as a non-differentiable residual (see docs)
+    dq, dk, dv = flash_bwd(q, k, v, out, lse, dout.astype(q.dtype), q_lens, kv_lens, spec)
+    return dq, dk, dv, None, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _spec(*, head_dim, scale, causal, window, softcap, q_offset, deterministic, kernel, window_name):
+    V.check_scale(scale)
+    softcap = V.check_softcap(softcap)
+    left, right = V.normalize_window(window_name, window)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    offset, bottom_right = V.check_q_offset(q_offset)
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    return MaskSpec(
+        scale=float(1.0 / math.sqrt(head_dim) if scale is None else scale),
+        softcap=softcap,
+        window_left=left,
+        window_right=right,
+        causal=bool(causal),
+        q_offset=offset,
+        bottom_right=bottom_right,
+        deterministic=deterministic,
+        kernel=kernel,
+    )
+
+
+def flash_attention(
+    q,
+    k,
+    v,
+    *,
+    scale=None,
+    causal: bool = False,
+    window=None,
+    softcap=None,
+    q_lengths=None,
+    kv_lengths=None,
+    q_offset=0,
+    return_lse: bool = False,
+    deterministic: bool = False,
+    kernel: str = "auto",
+):
+    """Single-head FlashAttention: softmax(scale * q k^T) v without an S x T matrix.
+
+    Args:
+      q: [..., T, H] queries (bfloat16, float16 or float32; float32 runs on the CPU only).
+      k, v: [..., S, H] keys and values, the same leading dims and dtype as q.
+      scale: logit scale (default 1/sqrt(H)).
+      causal: key j is visible to query i only if j <= i + offset (see q_offset).
+      window: int or (left, right): key j visible iff -right <= (i + offset) - j <= left;
+        None on a side = unbounded. Composes with causal (right becomes 0).
+      softcap: if set, logits -> softcap * tanh(logits / softcap) before masking.
+      q_lengths, kv_lengths: integer arrays of shape q.shape[:-2]: rows at or past the
+        length are padding (query padding rows give output 0).
+      q_offset: int, the key position of query row 0 (default 0: top-left alignment, as
+        jax.nn), or "bottom_right": offset = kv_length - q_length per sequence (the last
+        query sits at the last key: KV-cache decoding and chunked prefill).
+      return_lse: also return the float32 logsumexp [..., T] (natural log; -inf on rows
+        with no visible key). It is not differentiable (like jax.nn's residual).
+      deterministic: GPU backward without order-dependent atomics.
+      kernel: "auto", "portable" (sm80 path) or "hopper" (sm90 path); ignored on CPU.
+
+    A row with no visible key returns 0 (lse -inf) and gets zero gradients.
+    vmap over any axis of any subset of q/k/v folds into the kernel's batch or head
+    dimension; vmapping q alone shares k/v without broadcasting them (GQA-style).
+    """
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim < 2:
+            raise ValueError(f"{name} must have rank >= 2 ([..., L, H]), got shape {x.shape}")
+        V.check_dtype(name, x)
+    V.check_same_dtype(("q", "k", "v"), (q, k, v))
+    lead = q.shape[:-2]
+    if k.shape[:-2] != lead or v.shape[:-2] != lead:
+        raise ValueError(
+            f"q, k, v must share leading dims, got q {q.shape}, k {k.shape}, v {v.shape}"
+        )
+    T, H = q.shape[-2:]
+    S = k.shape[-2]
+    if k.shape[-1] != H:
+        raise ValueError(f"k head dim must equal q's ({H}), got k shape {k.shape}")
+    if v.shape != k.shape:
+        raise ValueError(f"v must have k's shape {k.shape}, got {v.shape}")
+    V.check_head_dim("q", H)
+    V.check_nonempty("q", "length T", T)
+    V.check_nonempty("k", "length S", S)
+    spec = _spec(
+        head_dim=H, scale=scale, causal=causal, window=window, softcap=softcap, q_offset=q_offset,
+        deterministic=deterministic, kernel=kernel, window_name="window",
+    )
+    B = math.prod(lead)
+    lens = []
+    for name, x in (("q_lengths", q_lengths), ("kv_lengths", kv_lengths)):
+        if x is not None:
+            x = jnp.asarray(x)
+            if x.shape != lead:
+                raise ValueError(f"{name} must have shape {lead} (q's leading dims), got {x.shape}")
+            x = V.check_lengths(name, x.reshape(-1), B)
+        lens.append(_lens_operand(x))
+    out, lse = _attention(
+        q.reshape(B, T, 1, H), k.reshape(B, S, 1, H), v.reshape(B, S, 1, H), lens[0], lens[1], spec
+    )
+    out = out.reshape(q.shape)
+    if return_lse:
+        return out, jax.lax.stop_gradient(lse.reshape(lead + (T,)))
+    return out
+
+
+def dot_product_attention(
+    query,
+    key,
+    value,
+    bias=None,
+    mask=None,
+    *,
+    scale=None,
+    is_causal: bool = False,
+    query_seq_lengths=None,
+    key_value_seq_lengths=None,
+    local_window_size=None,
+    softcap=None,
+    return_residual: bool = False,
+    implementation=None,
+):
+    """A drop-in for `jax.nn.dot_product_attention` backed by FlashAttention kernels.
+
+    Same arguments, layouts ([B, T, N, H] or [T, N, H]; key/value [B, S, K, H] with
+    N % K == 0), defaults and semantics (causal is top-left aligned; local_window_size
+    (left, right) as jax.nn), plus `softcap`. With `return_residual=True` returns
+    (out, lse) with lse float32 [B, T, N] (natural log).
+
+    Differences from jax.nn's XLA path, by design: a query row that sees no key (e.g. a
+    key_value_seq_length of 0) gives output 0 and lse -inf where XLA averages V; lse is
+    float32 rather than the input dtype.
+
+    implementation: None or "jax_flash" (auto kernel choice), "portable" / "hopper"
+    (force a GPU kernel family), or "xla" / "cudnn" to call jax.nn's own implementations.
+    """
+    if implementation in ("xla", "cudnn"):
+        if softcap is not None:
+            raise ValueError(f"softcap is not supported by implementation={implementation!r}")
+        return jax.nn.dot_product_attention(
+            query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+            query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+            local_window_size=local_window_size, implementation=implementation,
+            return_residual=return_residual,
+        )
+    kernels = {None: "auto", "jax_flash": "auto", "portable": "portable", "hopper": "hopper"}
+    if implementation not in kernels:
+        raise ValueError(
+            "implementation must be None, 'jax_flash', 'portable', 'hopper', 'xla' or 'cudnn', "
+            f"got {implementation!r}"
+        )
+    if bias is not None or mask is not None:
+        raise NotImplementedError(
+            "jax_flash.dot_product_attention does not support `bias` or `mask` yet; use "
+            "is_causal / query_seq_lengths / key_value_seq_lengths / local_window_size, or "
+            "implementation='xla'"
+        )
+    query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
+    if query.ndim not in (3, 4):
+        raise ValueError(f"query must be [B, T, N, H] or [T, N, H], got shape {query.shape}")
+    for name, x in (("key", key), ("value", value)):
+        if x.ndim != query.ndim:
+            raise ValueError(f"{name} must have query's rank {query.ndim}, got shape {x.shape}")
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        V.check_dtype(name, x)
+    V.check_same_dtype(("query", "key", "value"), (query, key, value))
+    unbatched = query.ndim == 3
+    if unbatched:
+        query, key, value = query[None], key[None], value[None]
+    B, T, N, H = query.shape
+    _, S, K, _ = key.shape
+    if key.shape[0] != B or key.shape[3] != H:
+        raise ValueError(f"key must be [B={B}, S, K, H={H}], got {key.shape}")
+    if value.shape != key.shape:
+        raise ValueError(f"value must have key's shape {key.shape}, got {value.shape}")
+    if K < 1 or N % K != 0:
+        raise ValueError(f"query heads ({N}) must be a multiple of key/value heads ({K})")
+    V.check_head_dim("query", H)
+    V.check_nonempty("query", "sequence length T", T)
+    V.check_nonempty("key", "sequence length S", S)
+    q_lens = V.check_lengths("query_seq_lengths", query_seq_lengths, B)
+    kv_lens = V.check_lengths("key_value_seq_lengths", key_value_seq_lengths, B)
+    spec = _spec(
+        head_dim=H, scale=scale, causal=is_causal, window=local_window_size, softcap=softcap,
+        q_offset=0, deterministic=False, kernel=kernels[implementation],
+        window_name="local_window_size",
+    )
+    out, lse = _attention(query, key, value, _lens_operand(q_lens), _lens_operand(kv_lens), spec)
+    if unbatched:
+        out, lse = out[0], lse[0]
+    if return_residual:
+        lse = jax.lax.stop_gradient(jnp.swapaxes(lse, -1, -2))  # [B, N, T] -> [B, T, N]
+        return out, lse
+    return out
