@@ -1,0 +1,66 @@
+"""Shared test setup: float64 references need x64; helpers for the FlashAttention error rule."""
+
+import os
+
+# Before jax initialises its backends: 8 host devices for the sharding tests, and cheaper
+# LLVM codegen for the many small reference computations (our kernels are native code).
+os.environ["XLA_FLAGS"] = " ".join([
+    os.environ.get("XLA_FLAGS", ""),
+    "--xla_force_host_platform_device_count=8",
+    "--xla_backend_optimization_level=0",
+    "--xla_llvm_disable_expensive_passes=true",
+])
+
+import jax  # noqa: E402
+import jax.numpy as jnp
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+
+def has_gpu() -> bool:
+    try:
+        return len(jax.devices("gpu")) > 0
+    except RuntimeError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none found)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def random_qkv(key, B, T, S, N, K, H, dtype):
+    kq, kk, kv = jax.random.split(jax.random.key(key), 3)
+    q = jax.random.normal(kq, (B, T, N, H), jnp.float32).astype(dtype)
+    k = jax.random.normal(kk, (B, S, K, H), jnp.float32).astype(dtype)
+    v = jax.random.normal(kv, (B, S, K, H), jnp.float32).astype(dtype)
+    return q, k, v
+
+
+# Absolute slack added to 2x the naive error, per dtype: covers accumulation-order noise
+# where the naive computation happens to be nearly exact.
+ABS_SLACK = {jnp.dtype(jnp.float32): 1e-5, jnp.dtype(jnp.bfloat16): 2e-3, jnp.dtype(jnp.float16): 3e-4}
+
+
+def max_err(a, b):
+    a = np.asarray(jnp.asarray(a, jnp.float64))
+    b = np.asarray(jnp.asarray(b, jnp.float64))
+    finite = np.isfinite(b)
+    assert np.array_equal(np.isfinite(a), finite), "non-finite entries differ"
+    if not finite.any():
+        return 0.0
+    return float(np.max(np.abs(a[finite] - b[finite]), initial=0.0))
+
+
+def assert_flash_rule(name, ours, naive, ref, dtype):
+    """FlashAttention's rule: our error vs the float64 reference is at most 2x the error of
+    the same computation done naively in the input dtype (plus a small absolute slack)."""
+    e_ours, e_naive = max_err(ours, ref), max_err(naive, ref)
+    bound = 2 * e_naive + ABS_SLACK[jnp.dtype(dtype)]
+    assert e_ours <= bound, f"{name}: error {e_ours:.3e} > 2 x naive {e_naive:.3e} + slack"
