@@ -137,10 +137,13 @@ def flash_bwd(q, k, v, o, lse, do, q_lens, kv_lens, spec: MaskSpec):
 # A vmapped axis of size V folds into the kernel's problem in one of three ways:
 #   * into heads, when q/k/v are all mapped at axis 2 (next to heads): a free reshape
 #     [B, L, V, N, H] -> [B, L, V*N, H]; q head v*N + n reads kv head v*K + n // G.
-#   * into GQA groups, when only the q side is mapped (k/v shared): q's axis moves next to
-#     heads, [B, T, N, V, H] -> [B, T, N*V, H], so q head n*V + v reads kv head n // G,
-#     and k/v are read once, never broadcast. The backward sums dk/dv over the group.
+#   * into GQA groups, when only the q side of the forward is mapped (k/v shared): q's
+#     axis moves next to heads, [B, T, N, V, H] -> [B, T, N*V, H], so q head n*V + v reads
+#     kv head n // G, and k/v are read once, never broadcast.
 #   * into batch, otherwise: [V, B, ...] -> [V*B, ...] (free when mapped at axis 0).
+# The backward never uses the group fold: under vmap, dk/dv of a shared k/v are still
+# per-example values (vmap of grad needs them apart; grad of vmap sums them afterwards),
+# so a q-only mapped backward broadcasts k/v into the batch fold, like its V x dk/dv.
 
 _NOT = None  # how JAX marks an unmapped operand
 
@@ -221,11 +224,6 @@ def _bwd_batch(args, dims, *, spec):
     qd, kd, vd, od, lsed, dod, qld, kvld = dims
     V = _size_of(args, dims)
     mode = _fold_mode([qd, od, dod], [kd, vd], [qld, kvld], lse_dim=lsed)
-    if mode == "group":
-        q, o, do = (_merge(_to_axis(x, d, 3, V), 2) for x, d in ((q, qd), (o, od), (do, dod)))
-        lse = _merge(_to_axis(lse, lsed, 2, V), 1)
-        dq, dk, dv = flash_bwd(q, k, v, o, lse, do, ql, kvl, spec)
-        return (_split(dq, 2, V, outer=False), dk, dv), (3, _NOT, _NOT)
     if mode == "heads":
         q, k, v, o, do = (_merge(x, 2) for x in (q, k, v, o, do))
         lse = _merge(lse, 1)
