@@ -75,7 +75,20 @@ def _fwd_abstract(q, k, v, q_lens, kv_lens, *, spec):
 flash_fwd_p.def_abstract_eval(_fwd_abstract)
 
 
-def _fwd_lowering(ctx, q, k, v, q_lens, kv_lens, *, spec):
+def _check_gpu_operands(q_aval):
+    """The GPU kernels take bf16/fp16 and head dims up to 256: fail at compile time, naming
+    the problem, rather than in the kernel launch."""
+    if q_aval.dtype not in (jnp.bfloat16, jnp.float16):
+        raise TypeError(
+            f"jax_flash on the GPU takes bfloat16 or float16 inputs, got {q_aval.dtype}; cast the "
+            "inputs (float32 is supported on the CPU backend)")
+    if q_aval.shape[-1] > 256:
+        raise ValueError(f"jax_flash on the GPU supports head dims up to 256, got {q_aval.shape[-1]}")
+
+
+def _fwd_lowering(ctx, q, k, v, q_lens, kv_lens, *, spec, platform):
+    if platform == "cuda":
+        _check_gpu_operands(ctx.avals_in[0])
     return jax.ffi.ffi_lowering(_ffi.FWD_TARGET)(ctx, q, k, v, q_lens, kv_lens, **spec.ffi_attrs())
 
 
@@ -100,6 +113,8 @@ def _bwd_lowering(ctx, *args, spec, platform):
     # Workspaces are extra outputs of the custom call (not scratch allocations inside the
     # kernel), so XLA owns their lifetime; they are dropped here.
     q_aval = ctx.avals_in[0]
+    if platform == "cuda":
+        _check_gpu_operands(q_aval)
     B, T, N, H = q_aval.shape
     workspaces = [jax.core.ShapedArray((B, N, T), jnp.float32)]  # dsum = rowsum(dO * O)
     if platform == "cuda":
@@ -109,11 +124,9 @@ def _bwd_lowering(ctx, *args, spec, platform):
     return results[:3]
 
 
-for _p, _rule in ((flash_fwd_p, _fwd_lowering),):
-    mlir.register_lowering(_p, _rule, platform="cpu")
-    mlir.register_lowering(_p, _rule, platform="cuda")
-mlir.register_lowering(flash_bwd_p, partial(_bwd_lowering, platform="cpu"), platform="cpu")
-mlir.register_lowering(flash_bwd_p, partial(_bwd_lowering, platform="cuda"), platform="cuda")
+for _platform in ("cpu", "cuda"):
+    mlir.register_lowering(flash_fwd_p, partial(_fwd_lowering, platform=_platform), platform=_platform)
+    mlir.register_lowering(flash_bwd_p, partial(_bwd_lowering, platform=_platform), platform=_platform)
 
 
 def _impl(prim, *args, **params):

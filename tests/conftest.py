@@ -35,6 +35,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _cpu_unless_gpu_test(request):
+    """Tests not marked `gpu` specify the CPU backend, also on a GPU machine; the GPU
+    kernels are specified by tests/test_gpu.py."""
+    if "gpu" in request.keywords:
+        yield
+        return
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 def random_qkv(key, B, T, S, N, K, H, dtype):
     kq, kk, kv = jax.random.split(jax.random.key(key), 3)
     q = jax.random.normal(kq, (B, T, N, H), jnp.float32).astype(dtype)

@@ -1,0 +1,3 @@
+from .bench import main
+import sys
+sys.exit(main())

@@ -1,0 +1,225 @@
+"""Benchmark: jax_flash against cuDNN, XLA and any installed peer (flash-attn3-jax), forward
+and backward, on the FlashAttention papers' grid (B*S = 16k tokens, N*H = 2048).
+
+    jax-flash-bench                 # GPU grid if a GPU is present, else a CPU grid
+    jax-flash-bench --json r.json --plot r.png      (or: python -m jax_flash.bench)
+
+Timing follows ../shared/ANCHORS.md: the median of R rounds of C jitted calls after warm-up,
+wall clock around block_until_ready; backward time = time(fwd + bwd) - time(fwd).
+TFLOP/s counts 4*B*N*T*S*H for the forward (halved when causal), 2.5x that for the backward.
+Peak memory is XLA's compiled estimate (arguments + outputs + temporaries) of each call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+import jax_flash
+
+
+def _has_gpu():
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+def _implementations(on_gpu):
+    impls = {"jax_flash": lambda q, k, v, c: jax_flash.dot_product_attention(q, k, v, is_causal=c)}
+    if on_gpu:
+        impls["jax_flash_portable"] = lambda q, k, v, c: jax_flash.dot_product_attention(
+            q, k, v, is_causal=c, implementation="portable")
+        impls["cudnn"] = lambda q, k, v, c: jax.nn.dot_product_attention(q, k, v, is_causal=c, implementation="cudnn")
+        try:
+            from flash_attn3_jax import flash_mha  # the peer of ANCHORS.md, when installed
+
+            impls["fa3_jax"] = lambda q, k, v, c: flash_mha(
+                q, k, v, softmax_scale=1.0 / math.sqrt(q.shape[-1]), is_causal=c)
+        except Exception:  # noqa: BLE001 - any import failure just means "not installed"
+            pass
+    impls["xla"] = lambda q, k, v, c: jax.nn.dot_product_attention(q, k, v, is_causal=c, implementation="xla")
+    return impls
+
+
+def _time(fn, args, rounds, calls):
+    jax.block_until_ready(fn(*args))  # compile + warm-up
+    jax.block_until_ready(fn(*args))
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - t0) / calls)
+    return statistics.median(samples)
+
+
+def _peak_bytes(fn, args):
+    try:
+        m = fn.lower(*args).compile().memory_analysis()
+        return m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
+    except Exception:  # noqa: BLE001 - not every backend reports it
+        return None
+
+
+def run_case(impl, B, S, N, H, causal, dtype, rounds, calls, measure_memory):
+    key = jax.random.key(0)
+    kq, kk, kv, kd = jax.random.split(key, 4)
+    shape = (B, S, N, H)
+    q, k, v, do = (jax.random.normal(x, shape, jnp.float32).astype(dtype) for x in (kq, kk, kv, kd))
+    fwd = jax.jit(lambda q, k, v: impl(q, k, v, causal))
+    fwd_bwd = jax.jit(lambda q, k, v, do: jax.vjp(lambda q, k, v: impl(q, k, v, causal), q, k, v)[1](do))
+    t_f = _time(fwd, (q, k, v), rounds, calls)
+    t_fb = _time(fwd_bwd, (q, k, v, do), rounds, calls)
+    flops = 4 * B * N * S * S * H / (2 if causal else 1)
+    res = {
+        "fwd_ms": t_f * 1e3,
+        "bwd_ms": (t_fb - t_f) * 1e3,
+        "fwd_tflops": flops / t_f / 1e12,
+        "bwd_tflops": 2.5 * flops / max(t_fb - t_f, 1e-9) / 1e12,
+    }
+    if measure_memory:
+        res["fwd_peak_mb"] = (_peak_bytes(fwd, (q, k, v)) or 0) / 2**20
+        res["fwd_bwd_peak_mb"] = (_peak_bytes(fwd_bwd, (q, k, v, do)) or 0) / 2**20
+    return res
+
+
+def main(argv=None):
+    on_gpu = _has_gpu()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256] if on_gpu else [64])
+    p.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384] if on_gpu else [4096])
+    p.add_argument("--causal", choices=["no", "yes", "both"], default="both" if on_gpu else "no")
+    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"] if on_gpu else ["float32"])
+    p.add_argument("--tokens", type=int, default=16384, help="B*S (GPU grid)")
+    p.add_argument("--model-dim", type=int, default=2048, help="N*H (GPU grid)")
+    p.add_argument("--batch", type=int, default=None, help="fixed B (default tokens // S)")
+    p.add_argument("--heads", type=int, default=None, help="fixed N (default model_dim // H)")
+    p.add_argument("--impls", nargs="+", default=None, help="subset of implementations to run")
+    p.add_argument("--rounds", type=int, default=7 if on_gpu else 3)
+    p.add_argument("--calls", type=int, default=10 if on_gpu else 1)
+    p.add_argument("--xla-max-gb", type=float, default=8.0, help="skip XLA when its logits exceed this")
+    p.add_argument("--json", help="write the results as JSON here")
+    p.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
+    a = p.parse_args(argv)
+    if not on_gpu and a.batch is None and a.heads is None and a.tokens == 16384:
+        a.batch, a.heads = 1, 2  # CPU default: one sequence, two heads
+
+    impls = _implementations(on_gpu)
+    if a.impls:
+        impls = {n: f for n, f in impls.items() if n in a.impls}
+    causals = {"no": [False], "yes": [True], "both": [False, True]}[a.causal]
+    print(f"# jax_flash benchmark on {jax.devices()[0].device_kind} ({jax.default_backend()}), "
+          f"jax {jax.__version__}; implementations: {', '.join(impls)}", flush=True)
+    rows = []
+    for dtype in a.dtypes:
+        for H in a.head_dims:
+            for S in a.seqlens:
+                for causal in causals:
+                    B = a.batch or max(1, a.tokens // S)
+                    N = a.heads or max(1, a.model_dim // H)
+                    row = {"dtype": dtype, "H": H, "S": S, "B": B, "N": N, "causal": causal, "results": {}}
+                    for name, impl in impls.items():
+                        if name == "xla" and B * N * S * S * 4 > a.xla_max_gb * 1e9:
+                            continue
+                        try:
+                            row["results"][name] = run_case(impl, B, S, N, H, causal, jnp.dtype(dtype),
+                                                            a.rounds, a.calls, measure_memory=not on_gpu or name == "jax_flash")
+                        except Exception as e:  # noqa: BLE001 - report and continue the grid
+                            row["results"][name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
+                    rows.append(row)
+                    _print_row(row, impls)
+    _print_table(rows, impls)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"device": jax.devices()[0].device_kind, "jax": jax.__version__, "rows": rows}, f, indent=1)
+    if a.plot:
+        _plot(rows, impls, a.plot)
+    return 0
+
+
+def _best_other(row, key):
+    others = [r[key] for n, r in row["results"].items()
+              if not n.startswith("jax_flash") and key in r]
+    return max(others) if others else None
+
+
+def _fmt(r, key):
+    if r is None:
+        return "-"
+    if "error" in r:
+        return "err"
+    return f"{r[key]:.0f}" if key in r else "-"
+
+
+def _print_row(row, impls):
+    parts = [f"{n}: " + ("err " + row['results'][n]['error'] if 'error' in row['results'][n] else
+                         f"fwd {row['results'][n]['fwd_tflops']:.1f} bwd {row['results'][n]['bwd_tflops']:.1f}")
+             for n in impls if n in row["results"]]
+    print(f"  {row['dtype']} H={row['H']} S={row['S']} B={row['B']} N={row['N']} causal={row['causal']}: "
+          + " | ".join(parts), file=sys.stderr, flush=True)
+
+
+def _print_table(rows, impls):
+    names = list(impls)
+    head = ["dtype", "H", "S", "causal"] + [f"{n} {d}" for n in names for d in ("fwd", "bwd")]
+    head += ["fwd x best", "bwd x best"]
+    print("\nTFLOP/s (x best = jax_flash / best other implementation in this run)")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for row in rows:
+        cells = [row["dtype"], str(row["H"]), str(row["S"]), "yes" if row["causal"] else "no"]
+        for n in names:
+            r = row["results"].get(n)
+            cells += [_fmt(r, "fwd_tflops"), _fmt(r, "bwd_tflops")]
+        ours = row["results"].get("jax_flash", {})
+        for key in ("fwd_tflops", "bwd_tflops"):
+            best = _best_other(row, key)
+            cells.append(f"{ours[key] / best:.2f}" if best and key in ours else "-")
+        print("| " + " | ".join(cells) + " |")
+    if any("fwd_peak_mb" in r for row in rows for r in row["results"].values()):
+        print("\nTime (ms) and XLA-estimated peak memory (MiB)")
+        print("| dtype | H | S | causal | impl | fwd ms | bwd ms | fwd peak MiB | fwd+bwd peak MiB |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for row in rows:
+            for n, r in row["results"].items():
+                if "fwd_peak_mb" in r:
+                    print(f"| {row['dtype']} | {row['H']} | {row['S']} | {'yes' if row['causal'] else 'no'} | {n} | "
+                          f"{r['fwd_ms']:.1f} | {r['bwd_ms']:.1f} | {r['fwd_peak_mb']:.0f} | {r['fwd_bwd_peak_mb']:.0f} |")
+
+
+def _plot(rows, impls, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["dtype"], r["H"], r["causal"]) for r in rows})
+    fig, axes = plt.subplots(len(groups), 2, figsize=(10, 2.6 * len(groups)), squeeze=False)
+    for gi, g in enumerate(groups):
+        sub = [r for r in rows if (r["dtype"], r["H"], r["causal"]) == g]
+        for ci, key in enumerate(("fwd_tflops", "bwd_tflops")):
+            ax = axes[gi][ci]
+            for n in impls:
+                xs = [r["S"] for r in sub if key in r["results"].get(n, {})]
+                ys = [r["results"][n][key] for r in sub if key in r["results"].get(n, {})]
+                if xs:
+                    ax.plot(xs, ys, marker="o", label=n)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{g[0]} H={g[1]} causal={g[2]} {key.split('_')[0]}")
+            ax.set_ylabel("TFLOP/s")
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The public API: parity with jax.nn.dot_product_attention (implementation="xla") where its
+semantics are defined, layouts, and the trace-time error messages."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash
+from conftest import random_qkv
+
+
+def xla(*args, **kw):
+    return jax.nn.dot_product_attention(*args, implementation="xla", **kw)
+
+
+PARITY = [
+    dict(),
+    dict(is_causal=True),
+    dict(local_window_size=(5, 2)),
+    dict(local_window_size=3, is_causal=True),
+    dict(scale=0.3),
+    dict(query_seq_lengths=jnp.array([7, 19], jnp.int32), key_value_seq_lengths=jnp.array([23, 5], jnp.int32)),
+    dict(is_causal=True, key_value_seq_lengths=jnp.array([23, 20], jnp.int32)),
+]
+
+
+@pytest.mark.parametrize("kw", PARITY, ids=lambda kw: ",".join(kw) or "plain")
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (4, 1)], ids=["MHA", "GQA", "MQA"])
+def test_parity_with_jax_nn(kw, heads):
+    N, K = heads
+    q, k, v = random_qkv(1, 2, 19, 23, N, K, 32, jnp.float32)
+    do = jax.random.normal(jax.random.key(9), q.shape, jnp.float32)
+    ours, vjp_ours = jax.vjp(lambda q, k, v: jax_flash.dot_product_attention(q, k, v, **kw), q, k, v)
+    ref, vjp_ref = jax.vjp(lambda q, k, v: xla(q, k, v, **kw), q, k, v)
+    np.testing.assert_allclose(ours, ref, atol=2e-5, rtol=2e-5)
+    for a, b in zip(vjp_ours(do), vjp_ref(do)):
+        np.testing.assert_allclose(a, b, atol=5e-5, rtol=5e-5)
+
+
+def test_parity_residual_and_unbatched_layout():
+    q, k, v = random_qkv(2, 1, 12, 17, 4, 2, 16, jnp.float32)
+    o, lse = jax_flash.dot_product_attention(q[0], k[0], v[0], is_causal=True, return_residual=True)
+    o_ref, lse_ref = xla(q[0], k[0], v[0], is_causal=True, return_residual=True)
+    assert o.shape == (12, 4, 16) and lse.shape == (12, 4) and lse.dtype == jnp.float32
+    np.testing.assert_allclose(o, o_ref, atol=2e-5)
+    np.testing.assert_allclose(lse, lse_ref, atol=2e-5)
+
+
+def test_bf16_output_dtype_and_default_scale():
+    q, k, v = random_qkv(3, 2, 8, 8, 2, 2, 64, jnp.bfloat16)
+    out = jax_flash.dot_product_attention(q, k, v)
+    assert out.dtype == jnp.bfloat16 and out.shape == q.shape
+    ref = xla(q, k, v)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=2e-2)
+
+
+def test_implementation_xla_delegates_to_jax_nn():
+    q, k, v = random_qkv(4, 1, 8, 8, 2, 2, 16, jnp.float32)
+    np.testing.assert_array_equal(jax_flash.dot_product_attention(q, k, v, implementation="xla"), xla(q, k, v))
+
+
+def test_core_matches_dropin_and_bottom_right_decode():
+    """flash_attention on [..., T, H] equals the drop-in per head; bottom-right alignment puts
+    the last query at the last key (KV-cache decoding)."""
+    q, k, v = random_qkv(5, 1, 3, 10, 1, 1, 16, jnp.float32)
+    core = jax_flash.flash_attention(q[0, :, 0], k[0, :, 0], v[0, :, 0], causal=True, q_offset="bottom_right")
+    # Query row i sits at key position i + 7: same as the top-left mask over the last rows
+    # of a 10-query problem.
+    q_full = jnp.concatenate([jnp.zeros((1, 7, 1, 16), q.dtype), q], axis=1)
+    full = xla(q_full, k, v, is_causal=True)[0, 7:, 0]
+    np.testing.assert_allclose(core, full, atol=2e-6)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def _qkv(T=8, S=8, N=4, K=2, H=16, dtype=jnp.float32):
+    return random_qkv(0, 2, T, S, N, K, H, dtype)
+
+
+@pytest.mark.parametrize(
+    "make, exc, match",
+    [
+        (lambda q, k, v: (q[0, 0], k, v), ValueError, "query must be"),
+        (lambda q, k, v: (q, k[0], v), ValueError, "key must have query's rank"),
+        (lambda q, k, v: (q, k, v[:, :5]), ValueError, "value must have key's shape"),
+        (lambda q, k, v: (q, k[..., :8], v[..., :8]), ValueError, "key must be"),
+        (lambda q, k, v: (q, k.astype(jnp.bfloat16), v), TypeError, "query, key, value must share one dtype"),
+        (lambda q, k, v: (q.astype(jnp.int32), k.astype(jnp.int32), v.astype(jnp.int32)), TypeError, "query must be bfloat16"),
+        (lambda q, k, v: (q[:, :, :3], k, v), ValueError, r"query heads \(3\) must be a multiple of key/value heads \(2\)"),
+        (lambda q, k, v: (jnp.zeros((2, 8, 4, 300), jnp.float32), jnp.zeros((2, 8, 2, 300), jnp.float32), jnp.zeros((2, 8, 2, 300), jnp.float32)), ValueError, "head dim"),
+        (lambda q, k, v: (q[:, :0], k, v), ValueError, "sequence length T >= 1"),
+    ],
+)
+def test_shape_and_dtype_errors(make, exc, match):
+    with pytest.raises(exc, match=match):
+        jax_flash.dot_product_attention(*make(*_qkv()))
+
+
+@pytest.mark.parametrize(
+    "kw, exc, match",
+    [
+        (dict(query_seq_lengths=jnp.array([1, 2, 3], jnp.int32)), ValueError, r"query_seq_lengths must have shape \(2,\)"),
+        (dict(key_value_seq_lengths=jnp.array([1.0, 2.0])), TypeError, "key_value_seq_lengths must be an integer array"),
+        (dict(local_window_size=(-1, 2)), ValueError, "local_window_size left size must be >= 0"),
+        (dict(local_window_size=(1, 2, 3)), TypeError, "local_window_size must be an int or a"),
+        (dict(local_window_size=(1.5, 2)), TypeError, "local_window_size left size must be an int"),
+        (dict(scale=jnp.float32(0.5)), TypeError, "scale must be a Python or NumPy real number"),
+        (dict(scale=float("nan")), ValueError, "scale must be finite"),
+        (dict(softcap=-1.0), ValueError, "softcap must be positive"),
+        (dict(implementation="magic"), ValueError, "implementation must be"),
+        (dict(bias=jnp.zeros((2, 4, 8, 8))), NotImplementedError, "bias"),
+    ],
+)
+def test_argument_errors(kw, exc, match):
+    q, k, v = _qkv()
+    with pytest.raises(exc, match=match):
+        jax_flash.dot_product_attention(q, k, v, **kw)
+
+
+def test_errors_raise_at_trace_time():
+    """Errors come from tracing (jit never reaches a kernel)."""
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        jax.jit(jax_flash.dot_product_attention).lower(q[:, :, :3], k, v)
+
+
+@pytest.mark.parametrize(
+    "kw, exc, match",
+    [
+        (dict(q_offset="top_left"), ValueError, "q_offset must be an int or 'bottom_right'"),
+        (dict(q_offset=1.5), TypeError, "q_offset must be an int"),
+        (dict(window=(2, -3)), ValueError, "window right size must be >= 0"),
+        (dict(kernel="fast"), ValueError, "kernel must be one of"),
+        (dict(q_lengths=jnp.array([3], jnp.int32)), ValueError, r"q_lengths must have shape \(2,\)"),
+        (dict(deterministic=1), TypeError, "deterministic must be a bool"),
+    ],
+)
+def test_core_argument_errors(kw, exc, match):
+    q, k, v = (jax.random.normal(jax.random.key(i), (2, 8, 16), jnp.float32) for i in range(3))
+    with pytest.raises(exc, match=match):
+        jax_flash.flash_attention(q, k, v, **kw)
+
+
+def test_core_shape_errors():
+    z = lambda *s: jnp.zeros(s, jnp.float32)
+    with pytest.raises(ValueError, match="q, k, v must share leading dims"):
+        jax_flash.flash_attention(z(2, 8, 16), z(3, 8, 16), z(3, 8, 16))
+    with pytest.raises(ValueError, match="k head dim must equal q's"):
+        jax_flash.flash_attention(z(2, 8, 16), z(2, 8, 8), z(2, 8, 8))
+    with pytest.raises(ValueError, match="q must have rank >= 2"):
+        jax_flash.flash_attention(z(16), z(8, 16), z(8, 16))
