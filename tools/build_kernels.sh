@@ -11,9 +11,11 @@ archs=${2:-90-real}
 shift $(( $# < 2 ? $# : 2 ))
 cmake -S . -B "$out/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DJAX_FLASH_CUDA=ON \
   -DJAX_FLASH_CUDA_ARCHS="$archs" -DPython_EXECUTABLE="$(command -v python3)" "$@" >/dev/null
-targets="jf_sm80"
-grep -q "jf_sm90" "$out/cmake/build.ninja" && targets="$targets jf_sm90"
+# TARGETS narrows the build, e.g. TARGETS=jf_sm90 (default: every kernel library).
+targets=${TARGETS:-jf_sm80}
+if [ -z "${TARGETS:-}" ] && grep -q "jf_sm90" "$out/cmake/build.ninja"; then targets="$targets jf_sm90"; fi
 cmake --build "$out/cmake" --target $targets -j "${JOBS:-$(nproc)}"
-cp "$out"/cmake/libjf_sm8*.a "$out"/
-[ -f "$out/cmake/libjf_sm90.a" ] && cp "$out/cmake/libjf_sm90.a" "$out"/
+for lib in libjf_sm80.a libjf_sm90.a; do
+  if [ -f "$out/cmake/$lib" ]; then cp "$out/cmake/$lib" "$out/"; fi
+done
 ls -la "$out"/*.a

@@ -1,0 +1,321 @@
+// FlashAttention-2 backward for SM80+.
+//   1. flash_bwd_dsum_kernel: dsum = rowsum(dO * O) (fp32).
+//   2. flash_bwd_dkdv_kernel: one CTA = kBlockN keys of one (batch, kv head); loops over the
+//      q heads of its GQA group and over the query blocks that can see these keys, keeping
+//      dK/dV in registers (so GQA sums need no extra workspace), and adds each block's dQ
+//      contribution into the fp32 dq_accum workspace.
+//   3. flash_bwd_convert_dq_kernel: dq = scale * dq_accum in the input dtype.
+#pragma once
+
+#include "../common/flash_params.h"
+#include "../common/mask.h"
+#include "kernel_traits_sm80.h"
+#include "softmax_sm80.h"
+#include "utils_sm80.h"
+
+namespace jax_flash {
+namespace sm80 {
+
+template <typename Element>
+__global__ void flash_bwd_dsum_kernel(const FlashBwdParams p) {
+  // One warp per (batch, head, row).
+  const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t total = int64_t(p.batch) * p.heads_q * p.seqlen_q;
+  if (warp >= total) return;
+  const int i = int(warp % p.seqlen_q);
+  const int h = int((warp / p.seqlen_q) % p.heads_q);
+  const int b = int(warp / (int64_t(p.seqlen_q) * p.heads_q));
+  const Element* o = reinterpret_cast<const Element*>(p.o) + b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
+  const Element* d = reinterpret_cast<const Element*>(p.dout) + b * p.do_batch_stride + i * p.do_row_stride + h * p.do_head_stride;
+  float acc = 0.f;
+  for (int c = lane; c < p.head_dim; c += 32) acc += float(o[c]) * float(d[c]);
+  CUTE_UNROLL
+  for (int s = 16; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffff, acc, s);
+  if (lane == 0) p.dsum[warp] = acc;  // [B, Nq, T] contiguous == warp index
+}
+
+template <typename Element>
+__global__ void flash_bwd_convert_dq_kernel(const FlashBwdParams p, int64_t acc_rows, int64_t acc_cols) {
+  const int64_t total = int64_t(p.batch) * p.heads_q * p.seqlen_q * p.head_dim;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int c = int(idx % p.head_dim);
+    int64_t t = idx / p.head_dim;
+    const int i = int(t % p.seqlen_q);
+    t /= p.seqlen_q;
+    const int h = int(t % p.heads_q);
+    const int b = int(t / p.heads_q);
+    const float v = p.dq_accum[((int64_t(b) * p.heads_q + h) * acc_rows + i) * acc_cols + c] * p.scale;
+    reinterpret_cast<Element*>(p.dq)[b * p.dq_batch_stride + i * p.dq_row_stride + h * p.dq_head_stride + c] = Element(v);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ auto offset_tensor(T const& t, int off) {
+  return make_tensor(t.data() + off, t.layout());
+}
+
+// Issue the Q / dO loads of flattened iteration `it` (q head g, query block m) into smem buffer `buf`.
+template <typename Kt, typename GCopy, typename GThr, typename SQ, typename SdO, typename CQ>
+__device__ __forceinline__ void load_q_do_tile(const FlashBwdParams& p, const SeqMask& mask, GCopy const& gcopy,
+                                               GThr const& gthr, SQ const& tQsQ, SdO const& tdOsdO, CQ const& tQcQ,
+                                               int it, int buf, int n_m, int m_min, int h_kv, int group, int b) {
+  using Element = typename Kt::Element;
+  constexpr int kBlockM = Kt::kBlockM;
+  constexpr int kHeadDim = Kt::kHeadDim;
+  const int g = it / n_m;
+  const int m = m_min + it % n_m;
+  const int h = h_kv * group + g;
+  const Element* q_ptr = reinterpret_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
+  const Element* do_ptr = reinterpret_cast<const Element*>(p.dout) + b * p.do_batch_stride + h * p.do_head_stride;
+  Tensor gQ = local_tile(make_tensor(make_gmem_ptr(q_ptr), make_shape(p.seqlen_q, Int<kHeadDim>{}), make_stride(p.q_row_stride, _1{})),
+                         Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, 0));
+  Tensor gdO = local_tile(make_tensor(make_gmem_ptr(do_ptr), make_shape(p.seqlen_q, Int<kHeadDim>{}), make_stride(p.do_row_stride, _1{})),
+                          Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, 0));
+  Tensor tQgQ = gthr.partition_S(gQ);
+  Tensor tdOgdO = gthr.partition_S(gdO);
+  Tensor dQs = offset_tensor(tQsQ, buf * kBlockM * kHeadDim);
+  Tensor ddOs = offset_tensor(tdOsdO, buf * kBlockM * kHeadDim);
+  copy_pred(gcopy, tQgQ, dQs, tQcQ, mask.q_len - m * kBlockM, p.head_dim);
+  copy_pred(gcopy, tdOgdO, ddOs, tQcQ, mask.q_len - m * kBlockM, p.head_dim);
+}
+
+template <typename Kt, bool kSoftcap>
+__global__ void __launch_bounds__(Kt::kNThreads) flash_bwd_dkdv_kernel(const FlashBwdParams p, int n_block_offset,
+                                                                        int64_t acc_rows, int64_t acc_cols) {
+  using Element = typename Kt::Element;
+  constexpr int kBlockM = Kt::kBlockM;
+  constexpr int kBlockN = Kt::kBlockN;
+  constexpr int kHeadDim = Kt::kHeadDim;
+  constexpr int kQElems = kBlockM * kHeadDim;
+  extern __shared__ __align__(128) char smem_raw[];
+
+  const int n_block = blockIdx.x + n_block_offset;
+  const int h_kv = blockIdx.y;
+  const int b = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int group = p.heads_q / p.heads_kv;
+  const int hd = p.head_dim;
+  const SeqMask mask = make_seq_mask(p, b);
+  const int col0 = n_block * kBlockN;
+
+  int64_t row_lo, row_hi;
+  mask.row_range(col0, col0 + kBlockN, &row_lo, &row_hi);
+  const int m_min = int(row_lo / kBlockM);
+  const int m_max = row_hi > row_lo ? int((row_hi + kBlockM - 1) / kBlockM) : m_min;
+  const int n_m = m_max - m_min;
+  const int total_iters = n_m * group;
+
+  // --- shared memory ---
+  Element* smem = reinterpret_cast<Element*>(smem_raw);
+  Tensor sQ = make_tensor(make_smem_ptr(smem), typename Kt::SmemLayoutQ{});            // buffer 0
+  Tensor sQt = make_tensor(sQ.data(), typename Kt::SmemLayoutQt{});
+  Tensor sQtNoSwz = make_tensor(sQ.data(), typename Kt::SmemLayoutQtNoSwizzle{});
+  Tensor sdO = make_tensor(sQ.data() + 2 * kQElems, typename Kt::SmemLayoutQ{});       // buffer 0
+  Tensor sdOt = make_tensor(sdO.data(), typename Kt::SmemLayoutQt{});
+  Tensor sdOtNoSwz = make_tensor(sdO.data(), typename Kt::SmemLayoutQtNoSwizzle{});
+  Tensor sK = make_tensor(sQ.data() + 4 * kQElems, typename Kt::SmemLayoutKV{});
+  Tensor sKt = make_tensor(sK.data(), typename Kt::SmemLayoutKt{});
+  Tensor sKtNoSwz = make_tensor(sK.data(), typename Kt::SmemLayoutKtNoSwizzle{});
+  Tensor sV = make_tensor(sK.data() + size(sK), typename Kt::SmemLayoutKV{});
+  Tensor sP = make_tensor(sV.data() + size(sV), typename Kt::SmemLayoutPdS{});
+  Tensor sPt = make_tensor(sP.data(), typename Kt::SmemLayoutPdSt{});
+  Tensor sPtNoSwz = make_tensor(sP.data(), typename Kt::SmemLayoutPdStNoSwizzle{});
+  Tensor sdS = make_tensor(sP.data() + size(sP), typename Kt::SmemLayoutPdS{});
+  Tensor sdSt = make_tensor(sdS.data(), typename Kt::SmemLayoutPdSt{});
+  Tensor sdStNoSwz = make_tensor(sdS.data(), typename Kt::SmemLayoutPdStNoSwizzle{});
+
+  // --- K, V tiles of this CTA ---
+  const Element* k_ptr = reinterpret_cast<const Element*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
+  const Element* v_ptr = reinterpret_cast<const Element*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
+  Tensor gK = local_tile(make_tensor(make_gmem_ptr(k_ptr), make_shape(p.seqlen_k, Int<kHeadDim>{}), make_stride(p.k_row_stride, _1{})),
+                         Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, 0));
+  Tensor gV = local_tile(make_tensor(make_gmem_ptr(v_ptr), make_shape(p.seqlen_k, Int<kHeadDim>{}), make_stride(p.v_row_stride, _1{})),
+                         Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, 0));
+
+  typename Kt::GmemTiledCopy gcopy;
+  auto gthr = gcopy.get_thread_slice(tid);
+  Tensor tKcK = gthr.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  Tensor tQcQ = gthr.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  {
+    Tensor tKgK = gthr.partition_S(gK);
+    Tensor tKsK = gthr.partition_D(sK);
+    Tensor tVgV = gthr.partition_S(gV);
+    Tensor tVsV = gthr.partition_D(sV);
+    copy_pred(gcopy, tKgK, tKsK, tKcK, mask.kv_len - col0, hd);
+    copy_pred(gcopy, tVgV, tVsV, tKcK, mask.kv_len - col0, hd);
+  }
+  Tensor tQsQ = gthr.partition_D(sQ);
+  Tensor tdOsdO = gthr.partition_D(sdO);
+
+  if (total_iters > 0) load_q_do_tile<Kt>(p, mask, gcopy, gthr, tQsQ, tdOsdO, tQcQ, 0, 0, n_m, m_min, h_kv, group, b);
+  cute::cp_async_fence();
+
+  // --- MMA partitions ---
+  typename Kt::TiledMmaSdP mma_sdp;
+  auto thr_sdp = mma_sdp.get_thread_slice(tid);
+  Tensor tSrQ = thr_sdp.partition_fragment_A(sQ);
+  Tensor tSrK = thr_sdp.partition_fragment_B(sK);
+  Tensor tdPrdO = thr_sdp.partition_fragment_A(sdO);
+  Tensor tdPrV = thr_sdp.partition_fragment_B(sV);
+  auto s2r_a_sdp = make_tiled_copy_A(typename Kt::SmemCopyAtom{}, mma_sdp);
+  auto s2r_a_sdp_thr = s2r_a_sdp.get_thread_slice(tid);
+  auto s2r_b_sdp = make_tiled_copy_B(typename Kt::SmemCopyAtom{}, mma_sdp);
+  auto s2r_b_sdp_thr = s2r_b_sdp.get_thread_slice(tid);
+  Tensor tSsQ = s2r_a_sdp_thr.partition_S(sQ);
+  Tensor tdPsdO = s2r_a_sdp_thr.partition_S(sdO);
+  Tensor tSsK = s2r_b_sdp_thr.partition_S(sK);
+  Tensor tdPsV = s2r_b_sdp_thr.partition_S(sV);
+
+  typename Kt::TiledMmadKV mma_dkv;
+  auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  Tensor tdVrPt = thr_dkv.partition_fragment_A(sPtNoSwz);
+  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOtNoSwz);
+  Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdStNoSwz);
+  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQtNoSwz);
+  auto s2r_a_dkv = make_tiled_copy_A(typename Kt::SmemCopyAtomT{}, mma_dkv);
+  auto s2r_a_dkv_thr = s2r_a_dkv.get_thread_slice(tid);
+  auto s2r_b_dkv = make_tiled_copy_B(typename Kt::SmemCopyAtomT{}, mma_dkv);
+  auto s2r_b_dkv_thr = s2r_b_dkv.get_thread_slice(tid);
+  Tensor tdVsPt = s2r_a_dkv_thr.partition_S(sPt);
+  Tensor tdKsdSt = s2r_a_dkv_thr.partition_S(sdSt);
+  Tensor tdVsdOt = s2r_b_dkv_thr.partition_S(sdOt);
+  Tensor tdKsQt = s2r_b_dkv_thr.partition_S(sQt);
+
+  typename Kt::TiledMmadQ mma_dq;
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKtNoSwz);
+  auto s2r_a_dq = make_tiled_copy_A(typename Kt::SmemCopyAtom{}, mma_dq);
+  auto s2r_a_dq_thr = s2r_a_dq.get_thread_slice(tid);
+  auto s2r_b_dq = make_tiled_copy_B(typename Kt::SmemCopyAtomT{}, mma_dq);
+  auto s2r_b_dq_thr = s2r_b_dq.get_thread_slice(tid);
+  Tensor tdQsdS = s2r_a_dq_thr.partition_S(sdS);
+  Tensor tdQsKt = s2r_b_dq_thr.partition_S(sKt);
+  Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+
+  auto r2s_pds = make_tiled_copy_C(typename Kt::SmemCopyAtomC{}, mma_sdp);
+  auto r2s_pds_thr = r2s_pds.get_thread_slice(tid);
+  Tensor tPsP = r2s_pds_thr.partition_D(sP);
+  Tensor tdSsdS = r2s_pds_thr.partition_D(sdS);
+
+  Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  clear(acc_dk);
+  clear(acc_dv);
+
+  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor tScS_rc = make_tensor(tScS.data(), rowcol_layout(tScS.layout()));
+  constexpr int kRows = decltype(size<0>(tScS_rc))::value;
+
+  const float scale_nat = kSoftcap ? p.softcap : p.scale;
+  const float scale_log2 = scale_nat * kLog2e;
+  const float pre_tanh = kSoftcap ? p.scale / p.softcap : 1.f;
+
+  // Plain loop (no lambda: nvcc would outline it and spill dK/dV to local memory).
+  for (int it = 0; it < total_iters; ++it) {
+    const int buf = it & 1;
+    const int g = it / n_m;
+    const int m = m_min + it % n_m;
+    const int h = h_kv * group + g;
+    const int row0 = m * kBlockM;
+    const bool masked = !mask.tile_full(int64_t(row0), int64_t(row0) + kBlockM, col0, int64_t(col0) + kBlockN);
+
+    // Row statistics from the forward / preprocess (rows past seqlen_q are all-masked).
+    float lse_l2[kRows], dsum_r[kRows];
+    const float* lse_ptr = p.lse + (int64_t(b) * p.heads_q + h) * p.seqlen_q;
+    const float* dsum_ptr = p.dsum + (int64_t(b) * p.heads_q + h) * p.seqlen_q;
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      const int r = row0 + get<0>(tScS_rc(mi, 0));
+      lse_l2[mi] = r < p.seqlen_q ? lse_ptr[r] * kLog2e : 0.f;
+      dsum_r[mi] = r < p.seqlen_q ? dsum_ptr[r] : 0.f;
+    }
+
+    cute::cp_async_wait<0>();
+    __syncthreads();  // Q/dO[it] (and K/V) landed; all warps done with buffer buf^1, sP, sdS
+    if (it + 1 < total_iters) load_q_do_tile<Kt>(p, mask, gcopy, gthr, tQsQ, tdOsdO, tQcQ, it + 1, buf ^ 1, n_m, m_min, h_kv, group, b);
+    cute::cp_async_fence();
+
+    const int off = buf * kQElems;
+    Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_s);
+    clear(acc_dp);
+    gemm_ss(acc_s, tSrQ, tSrK, offset_tensor(tSsQ, off), tSsK, mma_sdp, s2r_a_sdp, s2r_b_sdp, s2r_a_sdp_thr, s2r_b_sdp_thr);
+    gemm_ss(acc_dp, tdPrdO, tdPrV, offset_tensor(tdPsdO, off), tdPsV, mma_sdp, s2r_a_sdp, s2r_b_sdp, s2r_a_sdp_thr, s2r_b_sdp_thr);
+
+    Tensor s_rc = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));
+    Tensor dp_rc = make_tensor(acc_dp.data(), rowcol_layout(acc_dp.layout()));
+    if constexpr (kSoftcap) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanh_accurate(acc_s(i) * pre_tanh);
+    }
+    // Masked logits become -inf -> P = 0 -> dS = 0. Rows with lse = -inf (nothing visible)
+    // only occur in masked tiles, where all their entries are -inf; keep them at exactly 0.
+    if (masked) apply_mask(s_rc, tScS_rc, mask, row0, col0);
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(s_rc); ++ni) {
+        const float t = s_rc(mi, ni);
+        float pv = fast_exp2(fmaf(t, scale_log2, -lse_l2[mi]));
+        pv = t == -INFINITY ? 0.f : pv;
+        float ds = pv * (dp_rc(mi, ni) - dsum_r[mi]);
+        if constexpr (kSoftcap) ds = t == -INFINITY ? 0.f : ds * (1.f - t * t);
+        s_rc(mi, ni) = pv;
+        dp_rc(mi, ni) = ds;
+      }
+    }
+    Tensor rP = convert_type<Element>(acc_s);
+    Tensor rdS = convert_type<Element>(acc_dp);
+    copy(r2s_pds, r2s_pds_thr.retile_S(rP), tPsP);
+    copy(r2s_pds, r2s_pds_thr.retile_S(rdS), tdSsdS);
+    __syncthreads();  // P, dS visible to all warps
+
+    gemm_ss(acc_dv, tdVrPt, tdVrdOt, tdVsPt, offset_tensor(tdVsdOt, off), mma_dkv, s2r_a_dkv, s2r_b_dkv, s2r_a_dkv_thr, s2r_b_dkv_thr);
+    gemm_ss(acc_dk, tdKrdSt, tdKrQt, tdKsdSt, offset_tensor(tdKsQt, off), mma_dkv, s2r_a_dkv, s2r_b_dkv, s2r_a_dkv_thr, s2r_b_dkv_thr);
+
+    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+    clear(acc_dq);
+    gemm_ss(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, mma_dq, s2r_a_dq, s2r_b_dq, s2r_a_dq_thr, s2r_b_dq_thr);
+    float* dq_acc = p.dq_accum + ((int64_t(b) * p.heads_q + h) * acc_rows + row0) * acc_cols;
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dq); ++i) {
+      const int r = get<0>(tdQcdQ(i));
+      const int c = get<1>(tdQcdQ(i));
+      if (c < hd && row0 + r < p.seqlen_q) atomicAdd(dq_acc + int64_t(r) * acc_cols + c, acc_dq(i));
+    }
+  }
+
+  // --- epilogue: dK = scale * sum dS^T Q, dV; registers -> smem (K/V tiles) -> global ---
+  cute::cp_async_wait<0>();
+  __syncthreads();
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
+  Tensor rdK = convert_type<Element>(acc_dk);
+  Tensor rdV = convert_type<Element>(acc_dv);
+  auto r2s_dkv = make_tiled_copy_C(typename Kt::SmemCopyAtomC{}, mma_dkv);
+  auto r2s_dkv_thr = r2s_dkv.get_thread_slice(tid);
+  copy(r2s_dkv, r2s_dkv_thr.retile_S(rdK), r2s_dkv_thr.partition_D(sK));
+  copy(r2s_dkv, r2s_dkv_thr.retile_S(rdV), r2s_dkv_thr.partition_D(sV));
+  __syncthreads();
+
+  Element* dk_ptr = reinterpret_cast<Element*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride;
+  Element* dv_ptr = reinterpret_cast<Element*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride;
+  Tensor gdK = local_tile(make_tensor(make_gmem_ptr(dk_ptr), make_shape(p.seqlen_k, Int<kHeadDim>{}), make_stride(p.dk_row_stride, _1{})),
+                          Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, 0));
+  Tensor gdV = local_tile(make_tensor(make_gmem_ptr(dv_ptr), make_shape(p.seqlen_k, Int<kHeadDim>{}), make_stride(p.dv_row_stride, _1{})),
+                          Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, 0));
+  typename Kt::GmemTiledStore gstore;
+  auto gst_thr = gstore.get_thread_slice(tid);
+  Tensor tcKV = gst_thr.partition_D(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  Tensor tdKgdK = gst_thr.partition_D(gdK);
+  Tensor tdVgdV = gst_thr.partition_D(gdV);
+  store_pred(gstore, gst_thr.partition_S(sK), tdKgdK, tcKV, p.seqlen_k - col0, hd);
+  store_pred(gstore, gst_thr.partition_S(sV), tdVgdV, tcKV, p.seqlen_k - col0, hd);
+}
+
+}  // namespace sm80
+}  // namespace jax_flash

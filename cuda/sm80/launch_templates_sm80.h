@@ -1,0 +1,114 @@
+// Grid setup and tile configurations per head dim. Included only by the per-instantiation
+// .cu files.
+#pragma once
+
+#include "flash_bwd_kernel_sm80.h"
+#include "flash_fwd_kernel_sm80.h"
+#include "flash_sm80_internal.h"
+#include "kernel_traits_sm80.h"
+#include "static_switch.h"
+
+namespace jax_flash {
+namespace sm80 {
+
+template <typename Kernel>
+inline cudaError_t set_smem(Kernel kernel, int bytes) {
+  if (bytes < 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+template <typename Kt>
+cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0) return cudaSuccess;
+  const dim3 grid((p.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM, p.heads_q, p.batch);
+  cudaError_t err = cudaSuccess;
+  JF_BOOL_SWITCH(p.softcap > 0.f, kSoftcap, [&] {
+    auto kernel = &flash_fwd_kernel<Kt, kSoftcap>;
+    err = set_smem(kernel, Kt::kSmemSize);
+    if (err == cudaSuccess) kernel<<<grid, Kt::kNThreads, Kt::kSmemSize, stream>>>(p);
+  });
+  if (err != cudaSuccess) return err;
+  return cudaGetLastError();
+}
+
+template <typename Kt>
+cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
+  using Element = typename Kt::Element;
+  // With no queries the dK/dV kernel still runs: it writes dk = dv = 0.
+  if (p.batch == 0 || p.heads_q == 0) return cudaSuccess;
+  const int64_t acc_rows = p.seqlen_q_rounded > 0 ? p.seqlen_q_rounded : dq_accum_rows(p.seqlen_q);
+  const int64_t acc_cols = p.head_dim_rounded > 0 ? p.head_dim_rounded : dq_accum_cols(p.head_dim);
+  const int64_t rows_total = int64_t(p.batch) * p.heads_q * p.seqlen_q;
+  cudaError_t err;
+  if (rows_total > 0) {
+    err = cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * int64_t(p.batch) * p.heads_q * acc_rows * acc_cols, stream);
+    if (err != cudaSuccess) return err;
+    const int threads = 256;
+    const int64_t blocks = (rows_total * 32 + threads - 1) / threads;
+    flash_bwd_dsum_kernel<Element><<<unsigned(blocks), threads, 0, stream>>>(p);
+  }
+  const int n_blocks = (p.seqlen_k + Kt::kBlockN - 1) / Kt::kBlockN;
+  err = cudaSuccess;
+  if (n_blocks > 0) {
+    JF_BOOL_SWITCH(p.softcap > 0.f, kSoftcap, [&] {
+      auto kernel = &flash_bwd_dkdv_kernel<Kt, kSoftcap>;
+      err = set_smem(kernel, Kt::kSmemSize);
+      if (err != cudaSuccess) return;
+      if (p.deterministic) {
+        // One launch per key block: within a launch every dq_accum element has a single
+        // writer, and launches are stream-ordered, so the fp32 sums have a fixed order.
+        for (int j = 0; j < n_blocks; ++j)
+          kernel<<<dim3(1, p.heads_kv, p.batch), Kt::kNThreads, Kt::kSmemSize, stream>>>(p, j, acc_rows, acc_cols);
+      } else {
+        kernel<<<dim3(n_blocks, p.heads_kv, p.batch), Kt::kNThreads, Kt::kSmemSize, stream>>>(p, 0, acc_rows, acc_cols);
+      }
+    });
+    if (err != cudaSuccess) return err;
+  }
+  if (rows_total > 0) {
+    const int64_t total = rows_total * p.head_dim;
+    const int64_t blocks = std::min<int64_t>((total + 255) / 256, 1 << 20);
+    flash_bwd_convert_dq_kernel<Element><<<unsigned(blocks), 256, 0, stream>>>(p, acc_rows, acc_cols);
+  }
+  return cudaGetLastError();
+}
+
+// --- tile configurations ---
+// Forward: 4 warps, each owning 16-row slices of the query block.
+template <typename T, int kHeadDim> struct FwdConfig;
+template <typename T> struct FwdConfig<T, 32> { using type = FwdTraits<T, 32, 128, 64, 4>; };
+template <typename T> struct FwdConfig<T, 64> { using type = FwdTraits<T, 64, 128, 64, 4>; };
+template <typename T> struct FwdConfig<T, 96> { using type = FwdTraits<T, 96, 128, 64, 4>; };
+template <typename T> struct FwdConfig<T, 128> { using type = FwdTraits<T, 128, 128, 64, 4>; };
+template <typename T> struct FwdConfig<T, 256> { using type = FwdTraits<T, 256, 64, 64, 4>; };
+
+// Backward: 8 warps; (kBlockM, kBlockN) and the warp layouts of the S/dP, dK/dV and dQ GEMMs.
+template <typename T, int kHeadDim> struct BwdConfig;
+template <typename T> struct BwdConfig<T, 32> { using type = BwdTraits<T, 32, 64, 128, 8, 2, 4, 4>; };
+template <typename T> struct BwdConfig<T, 64> { using type = BwdTraits<T, 64, 64, 128, 8, 2, 4, 4>; };
+template <typename T> struct BwdConfig<T, 96> { using type = BwdTraits<T, 96, 64, 128, 8, 2, 4, 4>; };
+template <typename T> struct BwdConfig<T, 128> { using type = BwdTraits<T, 128, 64, 128, 8, 2, 4, 4>; };
+template <typename T> struct BwdConfig<T, 256> { using type = BwdTraits<T, 256, 64, 64, 8, 2, 4, 4>; };
+
+}  // namespace sm80
+}  // namespace jax_flash
+
+// Body of one instantiation file.
+#define JF_SM80_INSTANTIATE_FWD(T, HD)                                                        \
+  namespace jax_flash {                                                                      \
+  namespace sm80 {                                                                           \
+  template <>                                                                                \
+  cudaError_t run_fwd<T, HD>(const FlashFwdParams& p, cudaStream_t stream) {                 \
+    return launch_fwd<typename FwdConfig<T, HD>::type>(p, stream);                           \
+  }                                                                                          \
+  }                                                                                          \
+  }
+#define JF_SM80_INSTANTIATE_BWD(T, HD)                                                        \
+  namespace jax_flash {                                                                      \
+  namespace sm80 {                                                                           \
+  template <>                                                                                \
+  cudaError_t run_bwd<T, HD>(const FlashBwdParams& p, cudaStream_t stream) {                 \
+    return launch_bwd<typename BwdConfig<T, HD>::type>(p, stream);                           \
+  }                                                                                          \
+  }                                                                                          \
+  }

@@ -1,0 +1,91 @@
+// Online softmax and masking on register tiles (rows spread over the 4 lanes of a quad).
+#pragma once
+
+#include "utils_sm80.h"
+#include "../common/mask.h"
+
+namespace jax_flash {
+namespace sm80 {
+
+// Set logits of invisible (row, key) pairs to -inf. Only called on boundary tiles; interior
+// tiles are known visible from SeqMask::tile_full. rc/crc: (rows, cols) views of the
+// accumulator and of its tile coordinates; row0/col0: tile origin in the sequence.
+template <typename T, typename C>
+__device__ __forceinline__ void apply_mask(T& rc, C const& crc, SeqMask const& mask, int row0, int col0) {
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(rc); ++mi) {
+    const int64_t r = row0 + get<0>(crc(mi, 0));
+    int lo = 0, hi = 0;  // visible columns of this row, relative to col0
+    if (r < mask.q_len) {
+      int64_t l = mask.key_lo(r) - col0, h = mask.key_hi(r) - col0;
+      lo = int(max(int64_t(-1), min(l, int64_t(1 << 20))));
+      hi = int(max(int64_t(-1), min(h, int64_t(1 << 20))));
+    }
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(rc); ++ni) {
+      const int c = get<1>(crc(0, ni));
+      if (c < lo || c >= hi) rc(mi, ni) = -INFINITY;
+    }
+  }
+}
+
+// Running max / sum per accumulator row of this thread.
+template <int kRows>
+struct OnlineSoftmax {
+  float row_max[kRows];
+  float row_sum[kRows];
+
+  __device__ __forceinline__ void init() {
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) { row_max[i] = -INFINITY; row_sum[i] = 0.f; }
+  }
+
+  // s: (rows, cols) logits of this tile, replaced by unnormalised probabilities.
+  // o: (rows, cols) output accumulator, rescaled when the running max grows.
+  template <typename S, typename O>
+  __device__ __forceinline__ void update(S& s, O& o, float scale_log2) {
+    static_assert(decltype(size<0>(s))::value == kRows);
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      float cur = row_max[mi];
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(s); ++ni) cur = fmaxf(cur, s(mi, ni));
+      cur = quad_max(cur);
+      // A row with nothing visible yet keeps max -inf; use 0 so exp2(-inf - 0) = 0, not NaN.
+      const float m_use = cur == -INFINITY ? 0.f : cur;
+      const float ms = m_use * scale_log2;
+      {
+        const float corr = fast_exp2(row_max[mi] * scale_log2 - ms);
+        row_sum[mi] *= corr;
+        CUTE_UNROLL
+        for (int di = 0; di < size<1>(o); ++di) o(mi, di) *= corr;
+      }
+      row_max[mi] = cur;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(s); ++ni) {
+        const float e = fast_exp2(fmaf(s(mi, ni), scale_log2, -ms));
+        s(mi, ni) = e;
+        sum += e;
+      }
+      row_sum[mi] += sum;
+    }
+  }
+
+  // Normalise o; lse_out[mi] = natural-log logsumexp (scale_nat: logit units per max unit).
+  template <typename O>
+  __device__ __forceinline__ void finalize(O& o, float scale_nat, float* lse_out) {
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      const float sum = quad_sum(row_sum[mi]);
+      const bool empty = !(sum > 0.f);  // no visible key (or NaN input): out = 0, lse = -inf
+      const float inv = empty ? 0.f : 1.f / sum;
+      lse_out[mi] = empty ? -INFINITY : row_max[mi] * scale_nat + logf(sum);
+      CUTE_UNROLL
+      for (int di = 0; di < size<1>(o); ++di) o(mi, di) *= inv;
+    }
+  }
+};
+
+}  // namespace sm80
+}  // namespace jax_flash

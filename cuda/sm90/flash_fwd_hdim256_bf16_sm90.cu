@@ -1,0 +1,9 @@
+// One instantiation: head_dim 256, bf16.
+#include "launch.h"
+
+namespace jax_flash {
+template <>
+cudaError_t flash_fwd_sm90_hdim<256, DType::kBFloat16>(const FlashFwdParams& p, cudaStream_t stream) {
+  return sm90::run_fwd_hdim<256, cutlass::bfloat16_t>(p, stream);
+}
+}  // namespace jax_flash

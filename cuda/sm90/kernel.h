@@ -1,0 +1,97 @@
+// The warp-specialised, persistent sm90 forward kernel: warpgroup 0 = TMA producer,
+// warpgroups 1.. = wgmma consumers (64 query rows each).
+#pragma once
+
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "epilogue.h"
+#include "mainloop.h"
+#include "scheduler.h"
+
+namespace jax_flash::sm90 {
+
+template <class Traits, bool Softcap>
+__global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_constant__ const KernelParams<Traits> kp) {
+  using T = Traits;
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
+  FlashFwdParams const& p = kp.p;
+
+  int const warp_group = __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0);
+  int const warp_in_wg = __shfl_sync(0xffffffff, (int(threadIdx.x) / 32) % 4, 0);
+
+  if (threadIdx.x == 0) {
+    ss.barrier_q.init(1);
+  }
+  typename T::Pipeline::Params pp;
+  pp.role = warp_group == 0 ? T::Pipeline::ThreadCategory::Producer : T::Pipeline::ThreadCategory::Consumer;
+  pp.is_leader = threadIdx.x == 0;
+  pp.num_consumers = T::kMmaThreads;
+  pp.transaction_bytes = T::kBytesK;
+  typename T::Pipeline pipe_k(ss.pipe_k, pp, Shape<_1, _1, _1>{});
+  pp.transaction_bytes = T::kBytesV;
+  typename T::Pipeline pipe_v(ss.pipe_v, pp, Shape<_1, _1, _1>{});
+  __syncthreads();
+
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
+    if (warp_in_wg == 0) {
+      bool const leader = cute::elect_one_sync();
+      auto wr = cutlass::make_producer_start_state<typename T::Pipeline>();
+      bool q_loaded = false;
+      for (int r = 0; r * int(gridDim.x) < kp.num_tiles; ++r) {
+        int const tile = snake_tile(r);
+        if (tile >= kp.num_tiles) continue;
+        TileCoord tc = get_tile(tile, kp.num_m_blocks, kp.num_bh, p.heads_q, kp.longest_first);
+        SeqMask msk = make_seq_mask(p, tc.b);
+        int n_min, n_max;
+        key_block_range<T::kBlockM, T::kBlockN>(msk, tc.m_block, n_min, n_max);
+        if (n_max <= n_min) continue;
+        if (q_loaded) q_empty_sync<T>();
+        q_loaded = true;
+        if (leader) producer_load<T>(kp, ss, pipe_k, pipe_v, wr, tc.m_block, tc.h, tc.b, n_min, n_max);
+        __syncwarp();
+      }
+      // Keep the CTA alive until the consumers have released every stage.
+      if (leader) {
+        pipe_k.producer_tail(wr);
+        pipe_v.producer_tail(wr);
+      }
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
+    int const tidx = int(threadIdx.x) - 128;
+    int const wg = tidx / 128;
+    // The first warpgroup opens the GEMM-issue ring (once per CTA: every tile leaves exactly
+    // one pending arrive for the next one).
+    if (wg == 0) cutlass::arch::NamedBarrier::arrive(256, 1);
+    typename T::PipelineState rd;
+    int q_phase = 0;
+    float const log2e = 1.44269504088896340736f;
+    for (int r = 0; r * int(gridDim.x) < kp.num_tiles; ++r) {
+      int const tile = snake_tile(r);
+      if (tile >= kp.num_tiles) continue;
+      TileCoord tc = get_tile(tile, kp.num_m_blocks, kp.num_bh, p.heads_q, kp.longest_first);
+      SeqMask msk = make_seq_mask(p, tc.b);
+      int n_min, n_max;
+      key_block_range<T::kBlockM, T::kBlockN>(msk, tc.m_block, n_min, n_max);
+      typename T::TiledMmaPV mma_pv;
+      Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename T::TileShapePV{}));
+      OnlineSoftmax<2> softmax;
+      softmax.scale_log2 = Softcap ? p.softcap * log2e : p.scale * log2e;
+      float inv[2], lse[2];
+      if (n_max > n_min) {
+        consumer_mma<T, Softcap>(kp, ss, pipe_k, pipe_v, rd, msk, tc.m_block, n_min, n_max, tOrO, softmax, tidx, q_phase);
+        q_phase ^= 1;
+        softmax.finalize(inv, lse);
+      } else {
+        clear(tOrO);
+        inv[0] = inv[1] = 0.f;
+        lse[0] = lse[1] = -INFINITY;
+      }
+      store_o_lse<T>(p, tOrO, inv, lse, tc.m_block, tc.h, tc.b, tidx);
+    }
+  }
+}
+
+}  // namespace jax_flash::sm90

@@ -1,0 +1,81 @@
+// Host side of one instantiation: builds the TMA descriptors (cuTensorMapEncodeTiled via
+// cudaGetDriverEntryPoint inside CuTe; no libcuda link), sizes the grid and launches.
+// No allocation and no synchronisation, so it can be captured in a CUDA graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernel.h"
+
+namespace jax_flash::sm90 {
+
+// Tile configuration per head dim (see NOTES.md for why).
+template <int kHeadDim>
+struct TileConfig;
+template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2; };
+template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2; };
+template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2; };
+
+template <class Traits, bool Softcap>
+cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
+  using T = Traits;
+  using Element = typename T::Element;
+  KernelParams<T> kp;
+  kp.p = p;
+  // TMA wants every stride of a size-1 mode to still be a legal (16B multiple) value.
+  int64_t qb = p.batch == 1 ? p.q_row_stride : p.q_batch_stride, qh = p.heads_q == 1 ? p.q_row_stride : p.q_head_stride;
+  int64_t kb = p.batch == 1 ? p.k_row_stride : p.k_batch_stride, kh = p.heads_kv == 1 ? p.k_row_stride : p.k_head_stride;
+  int64_t vb = p.batch == 1 ? p.v_row_stride : p.v_batch_stride, vh = p.heads_kv == 1 ? p.v_row_stride : p.v_head_stride;
+  auto mQ = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.q)),
+                        make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch), make_stride(p.q_row_stride, _1{}, qh, qb));
+  auto mK = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.k)),
+                        make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch), make_stride(p.k_row_stride, _1{}, kh, kb));
+  auto mVt = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.v)),
+                         make_shape(p.head_dim, p.seqlen_k, p.heads_kv, p.batch), make_stride(_1{}, p.v_row_stride, vh, vb));
+  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, typename T::SmemLayoutQ{}, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, _1{});
+  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename T::SmemLayoutK{}), Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, _1{});
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mVt, take<0, 2>(typename T::SmemLayoutVt{}), Shape<Int<T::kHeadDim>, Int<T::kBlockN>>{}, _1{});
+  float const log2e = 1.44269504088896340736f;
+  kp.scale_log2 = Softcap ? p.softcap * log2e : p.scale * log2e;
+  kp.softcap_mult = Softcap ? p.scale / p.softcap : 0.f;
+  kp.num_m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  kp.longest_first = p.window_right >= 0;
+
+  int64_t tiles = int64_t(kp.num_m_blocks) * p.heads_q * p.batch;
+  if (tiles <= 0) return cudaSuccess;
+  if (tiles > 0x7fffffff) return cudaErrorNotSupported;
+  kp.num_bh = p.heads_q * p.batch;
+  kp.num_tiles = int(tiles);
+  int dev = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess) return err;
+  // Persistent (one CTA per SM, static snake order) hides per-tile prologue/epilogue, which
+  // matters when tiles are short. Long causal tiles vary a lot in length: there the hardware's
+  // dynamic CTA dispatch (one CTA per tile, longest first) balances better (NOTES.md, v2).
+  bool const persistent = !kp.longest_first || p.seqlen_k <= 2048;
+  int grid = int(persistent && tiles > sms ? sms : tiles);
+  auto kernel = &flash_fwd_kernel<T, Softcap>;
+  constexpr int smem = T::kSmemBytes;
+  // Cheap and idempotent; keeps the launch free of any one-time global state.
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  kernel<<<dim3(unsigned(grid)), dim3(T::kThreads), smem, stream>>>(kp);
+  return cudaGetLastError();
+}
+
+template <int kHeadDim, class Element>
+cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
+  using C = TileConfig<kHeadDim>;
+  using T = FwdTraits<kHeadDim, C::M, C::N, C::Stages, Element>;
+  if (p.softcap > 0.f) return launch_fwd<T, true>(p, stream);
+  return launch_fwd<T, false>(p, stream);
+}
+
+}  // namespace jax_flash::sm90
+
+// Explicit instantiation entry points, one per .cu file.
+namespace jax_flash {
+template <int kHeadDim, DType kDType>
+cudaError_t flash_fwd_sm90_hdim(const FlashFwdParams& p, cudaStream_t stream);
+}

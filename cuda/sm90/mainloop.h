@@ -1,0 +1,177 @@
+// Producer (TMA loads of Q and a kStages K/V ring) and consumer (wgmma + online softmax)
+// halves of the forward mainloop.
+#pragma once
+
+#include "softmax.h"
+#include "traits.h"
+
+namespace jax_flash::sm90 {
+
+// Runs on one elected thread of the producer warpgroup.
+template <class Traits>
+__forceinline__ __device__ void producer_load(KernelParams<Traits> const& kp, typename Traits::SharedStorage& ss,
+                                              typename Traits::Pipeline& pipe_k, typename Traits::Pipeline& pipe_v,
+                                              typename Traits::PipelineState& wr, int m_block, int h, int b,
+                                              int n_min, int n_max) {
+  using T = Traits;
+  FlashFwdParams const& p = kp.p;
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutVt{});
+  int h_kv = h / int(p.heads_q / p.heads_kv);
+
+  Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch))(_, _, h, b);
+  Tensor mK = kp.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch))(_, _, h_kv, b);
+  Tensor mVt = kp.tma_v.get_tma_tensor(make_shape(p.head_dim, p.seqlen_k, p.heads_kv, p.batch))(_, _, h_kv, b);
+  Tensor gQ = local_tile(mQ, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, make_coord(m_block, _0{}));
+  Tensor gK = local_tile(mK, Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, make_coord(_, _0{}));   // (N, D, n)
+  Tensor gVt = local_tile(mVt, Shape<Int<T::kHeadDim>, Int<T::kBlockN>>{}, make_coord(_0{}, _));  // (D, N, n)
+
+  auto cq = kp.tma_q.get_slice(_0{});
+  auto ck = kp.tma_k.get_slice(_0{});
+  auto cv = kp.tma_v.get_slice(_0{});
+  Tensor tQg = group_modes<0, 3>(cq.partition_S(gQ));
+  Tensor tQs = group_modes<0, 3>(cq.partition_D(sQ));
+  Tensor tKg = group_modes<0, 3>(ck.partition_S(gK));   // (TMA, n)
+  Tensor tKs = group_modes<0, 3>(ck.partition_D(sK));   // (TMA, stage)
+  Tensor tVg = group_modes<0, 3>(cv.partition_S(gVt));
+  Tensor tVs = group_modes<0, 3>(cv.partition_D(sVt));
+
+  using BarrierT = cutlass::arch::ClusterTransactionBarrier::ValueType;
+  // K of the first block goes out before Q's completion matters; Q and K[first] overlap.
+  ss.barrier_q.arrive_and_expect_tx(T::kBytesQ);
+  copy(kp.tma_q.with(reinterpret_cast<BarrierT&>(ss.barrier_q), 0, TMA::CacheHintSm90::EVICT_FIRST), tQg, tQs);
+  // Iterate key blocks from the last one down: the (masked) diagonal block comes first,
+  // matching the consumer order.
+  for (int n = n_max - 1; n >= n_min; --n) {
+    pipe_k.producer_acquire(wr);
+    copy(kp.tma_k.with(*pipe_k.producer_get_barrier(wr), 0, TMA::CacheHintSm90::EVICT_LAST), tKg(_, n), tKs(_, wr.index()));
+    pipe_v.producer_acquire(wr);
+    copy(kp.tma_v.with(*pipe_v.producer_get_barrier(wr), 0, TMA::CacheHintSm90::EVICT_LAST), tVg(_, n), tVs(_, wr.index()));
+    ++wr;
+  }
+}
+
+// Warpgroup ping-pong: a WG issues its GEMMs only after the previous WG has issued its own,
+// so one WG's softmax runs under the other's tensor-core work.
+template <int kMmaWGs>
+__forceinline__ __device__ void sched_sync(int wg) {
+  cutlass::arch::NamedBarrier::sync(256, 1 + wg);
+}
+template <int kMmaWGs>
+__forceinline__ __device__ void sched_arrive(int wg) {
+  int next = wg + 1 == kMmaWGs ? 0 : wg + 1;
+  cutlass::arch::NamedBarrier::arrive(256, 1 + next);
+}
+
+// sQ is reused by the next tile: consumers arrive once their last QK^T has completed; the
+// producer warp syncs before overwriting Q.
+constexpr int kBarQEmpty = 5;
+template <class Traits>
+__forceinline__ __device__ void q_empty_arrive() {
+  cutlass::arch::NamedBarrier::arrive(Traits::kMmaThreads + 32, kBarQEmpty);
+}
+template <class Traits>
+__forceinline__ __device__ void q_empty_sync() {
+  cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads + 32, kBarQEmpty);
+}
+
+template <class Pipe, class State>
+__forceinline__ __device__ void consumer_wait(Pipe& pipe, State& st) {
+  auto tok = pipe.consumer_try_wait(st);
+  pipe.consumer_wait(st, tok);
+}
+
+// Consumer mainloop for one tile. Leaves the unnormalised O in tOrO; returns 1/rowsum and
+// LSE per owned row.
+template <class Traits, bool Softcap, class TO, class Softmax>
+__forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typename Traits::SharedStorage& ss,
+                                             typename Traits::Pipeline& pipe_k, typename Traits::Pipeline& pipe_v,
+                                             typename Traits::PipelineState& rd, SeqMask const& msk, int m_block,
+                                             int n_min, int n_max, TO& tOrO, Softmax& softmax, int tidx, int q_phase) {
+  using T = Traits;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutVt{});
+  int const wg = tidx / 128;
+
+  typename T::TiledMmaQK mma_qk;
+  typename T::TiledMmaPV mma_pv;
+  // Smem operand descriptors depend only on the warpgroup.
+  auto wg_qk = mma_qk.get_slice(wg * 128);
+  auto wg_pv = mma_pv.get_slice(wg * 128);
+  Tensor tSrQ = wg_qk.partition_fragment_A(sQ);
+  Tensor tSrK = wg_qk.partition_fragment_B(sK);
+  Tensor tOrV = wg_pv.partition_fragment_B(sVt);
+
+  auto thr_qk = mma_qk.get_thread_slice(tidx);
+  Tensor cS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor cS_rc = make_tensor(cS.data(), acc_rowcol(cS.layout()));
+
+  int const m0 = m_block * kBlockM;
+  int const wg_r0 = m0 + wg * 64;
+  constexpr int kRows = 2;
+  float rescale[kRows];
+
+  auto process = [&](auto& tSrS, int n_block, auto is_first) {
+    constexpr bool Is_first = decltype(is_first)::value;
+    Tensor s_rc = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
+    if constexpr (Softcap) softcap_tile(tSrS, kp.softcap_mult);
+    int n0 = n_block * kBlockN;
+    // Only tiles that cross a mask boundary pay for element-wise masking.
+    if (msk.tile_full(wg_r0, wg_r0 + 64, n0, n0 + kBlockN)) {
+      softmax.template step<Is_first, false>(s_rc, rescale);
+    } else {
+      mask_tile(s_rc, cS_rc, msk, m0, n0);
+      softmax.template step<Is_first, true>(s_rc, rescale);
+    }
+  };
+
+  Tensor tSrS0 = partition_fragment_C(mma_qk, select<0, 1>(typename T::TileShapeQK{}));
+  Tensor tOrP = make_tensor<typename T::Element>(acc_to_Aregs(tSrS0.layout()));
+
+  int n_block = n_max - 1;
+  ss.barrier_q.wait(q_phase);
+  {
+    consumer_wait(pipe_k, rd);
+    wg_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS0);
+    warpgroup_wait<0>();
+    pipe_k.consumer_release(rd);
+    if (n_block == n_min) q_empty_arrive<Traits>();
+    process(tSrS0, n_block, cute::true_type{});
+    convert_out(tSrS0, tOrP);
+  }
+  clear(tOrO);
+  Tensor o_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
+
+  // Steady state: S(n) = Q K(n)^T and O += P(n+1) V(n+1) are in flight together; softmax of
+  // S(n) runs while the PV GEMM is still executing.
+  CUTLASS_PRAGMA_NO_UNROLL
+  for (--n_block; n_block >= n_min; --n_block) {
+    typename T::PipelineState rd_v = rd;
+    ++rd;
+    Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename T::TileShapeQK{}));
+    consumer_wait(pipe_k, rd);
+    sched_sync<T::kMmaWGs>(wg);
+    wg_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
+    consumer_wait(pipe_v, rd_v);
+    wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, rd_v.index()), tOrO);
+    sched_arrive<T::kMmaWGs>(wg);
+    warpgroup_wait<1>();
+    pipe_k.consumer_release(rd);
+    if (n_block == n_min) q_empty_arrive<Traits>();
+    process(tSrS, n_block, cute::false_type{});
+    warpgroup_wait<0>();
+    pipe_v.consumer_release(rd_v);
+    convert_out(tSrS, tOrP);
+    rescale_rows(o_rc, rescale);
+  }
+  consumer_wait(pipe_v, rd);
+  wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
+  warpgroup_wait<0>();
+  pipe_v.consumer_release(rd);
+  ++rd;
+}
+
+}  // namespace jax_flash::sm90

@@ -1,0 +1,108 @@
+// Online softmax on a warpgroup's 64 x kBlockN score tile (each thread owns 2 rows; a row
+// is spread over the 4 threads of a quad), plus element-wise masking for boundary tiles.
+#pragma once
+
+#include <cmath>
+
+#include "../common/mask.h"
+#include "utils.h"
+
+namespace jax_flash::sm90 {
+
+__forceinline__ __device__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+__forceinline__ __device__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffff, x, 1);
+  return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+// Softcap before masking: logits become tanh(s * scale / cap); the cap*log2(e) factor is
+// folded into scale_log2 so the exp2 step below is the same FFMA+EX2 as without softcap.
+template <class TS>
+__forceinline__ __device__ void softcap_tile(TS& s, float mult) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(s); ++i) s(i) = tanhf(s(i) * mult);
+}
+
+// Element-wise masking with the shared SeqMask interval rule. s/c are rowcol views of the
+// scores and of their (row, col) coordinates within the CTA tile.
+template <class TS, class TC>
+__forceinline__ __device__ void mask_tile(TS& s, TC const& c, SeqMask const& m, int m0, int n0) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int r = 0; r < size<0>(s); ++r) {
+    int64_t i = int64_t(m0) + get<0>(c(r, 0));
+    int lo, hi;  // visible column interval relative to n0, clamped to a small int range
+    if (i >= m.q_len) {
+      lo = 1; hi = 0;
+    } else {
+      int64_t l = m.key_lo(i) - n0, h = m.key_hi(i) - n0;
+      lo = int(l < -1 ? -1 : (l > 1 << 20 ? 1 << 20 : l));
+      hi = int(h < -1 ? -1 : (h > 1 << 20 ? 1 << 20 : h));
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < size<1>(s); ++k) {
+      int j = get<1>(c(r, k));
+      if (j < lo || j >= hi) s(r, k) = -INFINITY;
+    }
+  }
+}
+
+template <int kRows>
+struct OnlineSoftmax {
+  float row_max[kRows];
+  float row_sum[kRows];  // per-thread partial sums; reduced across the quad in finalize()
+  float scale_log2;
+
+  // Updates the running max and turns s into unnormalised probabilities. Returns in
+  // `rescale` the factor the O accumulator must be multiplied by.
+  template <bool Is_first, bool Check_inf, class TS>
+  __forceinline__ __device__ void step(TS& s, float (&rescale)[kRows]) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float m = Is_first ? -INFINITY : row_max[r];
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < size<1>(s); ++k) m = fmaxf(m, s(r, k));
+      m = quad_max(m);
+      // A fully masked row keeps max = -inf; use 0 as the offset so exp2 gives 0, not NaN.
+      float m_scaled = (Check_inf && m == -INFINITY) ? 0.f : m * scale_log2;
+      if constexpr (Is_first) {
+        rescale[r] = 1.f;
+      } else {
+        rescale[r] = ex2(row_max[r] * scale_log2 - m_scaled);
+      }
+      row_max[r] = m;
+      float sum = 0.f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < size<1>(s); ++k) {
+        float p = ex2(fmaf(s(r, k), scale_log2, -m_scaled));
+        s(r, k) = p;
+        sum += p;
+      }
+      row_sum[r] = Is_first ? sum : fmaf(row_sum[r], rescale[r], sum);
+    }
+  }
+
+  // Returns 1/rowsum (0 for empty rows) and the natural-log LSE (-inf for empty rows).
+  __forceinline__ __device__ void finalize(float (&inv)[kRows], float (&lse)[kRows]) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float sum = quad_sum(row_sum[r]);
+      bool empty = !(sum > 0.f);
+      inv[r] = empty ? 0.f : 1.f / sum;
+      lse[r] = empty ? -INFINITY : (row_max[r] * scale_log2 + __log2f(sum)) * 0.69314718055994530942f;
+    }
+  }
+};
+
+template <class TO, int kRows>
+__forceinline__ __device__ void rescale_rows(TO& o_rc, float const (&f)[kRows]) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < size<1>(o_rc); ++k) o_rc(r, k) *= f[r];
+  }
+}
+
+}  // namespace jax_flash::sm90

@@ -1,0 +1,92 @@
+// Compile-time configuration of one sm90 forward instantiation: tile sizes, thread roles,
+// swizzled smem layouts, wgmma atoms and TMA descriptor types.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/gemm/collective/builders/sm90_common.inl>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "../common/flash_params.h"
+
+namespace jax_flash::sm90 {
+using namespace cute;
+
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_>
+struct FwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  // One consumer warpgroup per 64 query rows; warpgroup 0 is the TMA producer.
+  static constexpr int kMmaWGs = kBlockM / 64;
+  static constexpr int kMmaThreads = kMmaWGs * 128;
+  static constexpr int kThreads = kMmaThreads + 128;
+  static_assert(kMmaWGs == 2 || kMmaWGs == 3);
+  // setmaxnreg budgets: producer shrinks, consumers grow (sum <= 64K regs per SM).
+  static constexpr int kProducerRegs = kMmaWGs == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = kMmaWGs == 2 ? 240 : 160;
+
+  using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
+  using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;
+  using AtomLayout = Layout<Shape<Int<kMmaWGs>, _1, _1>>;
+  // S = Q K^T with both operands from smem; O += P V with P from registers (no smem round trip).
+  using TiledMmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, TileShapeQK>(), AtomLayout{}));
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, TileShapePV, GMMA::Major::K, GMMA::Major::MN>(), AtomLayout{}));
+
+  using SmemAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDim>>());
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemAtomK = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kBlockN>, Int<kHeadDim>>());
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtomK{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  // V is stored as loaded (head_dim contiguous) and read by wgmma as an MN-major B operand (V^T view).
+  using SmemAtomVt = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::MN, Element, Int<kHeadDim>, Int<kBlockN>>());
+  using SmemLayoutVt = decltype(tile_to_shape(SmemAtomVt{}, Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{}));
+
+  // Global views: (seq, head_dim, heads, batch); V transposed to (head_dim, seq, heads, batch).
+  using ShapeT = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideT = Stride<int64_t, _1, int64_t, int64_t>;
+  using StrideVt = Stride<_1, int64_t, int64_t, int64_t>;
+  using TMA_Q = decltype(make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeT{}, StrideT{}),
+                                       SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TMA_K = decltype(make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeT{}, StrideT{}),
+                                       take<0, 2>(SmemLayoutK{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TMA_V = decltype(make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeT{}, StrideVt{}),
+                                       take<0, 2>(SmemLayoutVt{}), Shape<Int<kHeadDim>, Int<kBlockN>>{}, _1{}));
+  static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kBytesK = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kBytesV = kBytesK;
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = cutlass::PipelineState<kStages>;
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> v;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
+    alignas(16) typename Pipeline::SharedStorage pipe_k;
+    alignas(16) typename Pipeline::SharedStorage pipe_v;
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+};
+
+// Everything the kernel reads, passed as one __grid_constant__ parameter (TMA descriptors
+// must live in param/const space).
+template <class Traits>
+struct KernelParams {
+  FlashFwdParams p;
+  typename Traits::TMA_Q tma_q;
+  typename Traits::TMA_K tma_k;
+  typename Traits::TMA_V tma_v;
+  float scale_log2;    // multiplier of raw (or tanh-capped) logits in the exp2 domain
+  float softcap_mult;  // scale / softcap (tanh argument multiplier), softcap variant only
+  int num_m_blocks;
+  int num_bh;     // batch * heads_q
+  int num_tiles;  // num_m_blocks * num_bh
+  bool longest_first;
+};
+
+}  // namespace jax_flash::sm90

@@ -1,0 +1,65 @@
+// Small device helpers shared by the sm90 forward kernel: wgmma issue, accumulator
+// layout views, fp32 -> 16-bit conversion, fast exp2.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_conversion.h>
+#include <cutlass/numeric_types.h>
+
+namespace jax_flash::sm90 {
+using namespace cute;
+
+// Issue one warpgroup GEMM (all K slices) as a single wgmma batch. wg_wait < 0 leaves it in
+// flight so the caller can overlap softmax with it.
+template <bool zero_init = false, int wg_wait = 0, class TiledMma, class TA, class TB, class TC>
+__forceinline__ __device__ void wg_gemm(TiledMma& tiled_mma, TA const& tCrA, TB const& tCrB, TC& tCrC) {
+  constexpr bool Is_RS = !cute::is_base_of<cute::GMMA::DescriptorIterator, typename TiledMma::FrgTypeA>::value;
+  if constexpr (Is_RS) { warpgroup_fence_operand(const_cast<TA&>(tCrA)); }
+  warpgroup_fence_operand(tCrC);
+  warpgroup_arrive();
+  if constexpr (zero_init) { tiled_mma.accumulate_ = GMMA::ScaleOut::Zero; }
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < size<2>(tCrA); ++k) {
+    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), tCrC);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  if constexpr (wg_wait >= 0) { warpgroup_wait<wg_wait>(); }
+  warpgroup_fence_operand(tCrC);
+  if constexpr (Is_RS) { warpgroup_fence_operand(const_cast<TA&>(tCrA)); }
+}
+
+// wgmma accumulator ((2,2,N/8), MMA_M, MMA_N) viewed as (rows=(2,MMA_M), cols=(2,N/8,MMA_N)).
+template <class L>
+__forceinline__ __device__ auto acc_rowcol(L l) {
+  static_assert(decltype(rank<0>(l))::value == 3);
+  return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
+}
+
+// For 16-bit types the accumulator register order equals the wgmma A-operand register order,
+// so P can be fed back without shuffles: ((2,2,N/8),M,1) -> ((2,2,2),M,(N/16)).
+template <class L>
+__forceinline__ __device__ auto acc_to_Aregs(L l) {
+  auto d = logical_divide(get<0, 2>(l), Tile<_2>{});
+  return make_layout(make_layout(get<0, 0>(l), get<0, 1>(l), get<0, 0>(d)), get<1>(l),
+                     coalesce(make_layout(get<0, 1>(d), get<2>(l))));
+}
+
+template <class E, class L, class EO, class LO>
+__forceinline__ __device__ void convert_out(Tensor<E, L> const& in, Tensor<EO, LO>& out) {
+  using From = typename E::value_type;
+  using To = typename EO::value_type;
+  Tensor a = recast<cutlass::Array<From, 2> const>(in);
+  Tensor b = recast<cutlass::Array<To, 2>>(out);
+  cutlass::NumericArrayConverter<To, From, 2> op;
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(a); ++i) { b(i) = op(a(i)); }
+}
+
+__forceinline__ __device__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace jax_flash::sm90
