@@ -3,6 +3,7 @@
 from . import _ffi  # registers the FFI targets
 from .attention import dot_product_attention, flash_attention
 from ._ffi import WITH_CUDA
+from .ring import ring_attention, ring_attention_shard, unzigzag, zigzag
 
 __version__ = "0.1.0"
 
@@ -19,4 +20,7 @@ def export_disabled_checks():
     return [export.DisabledSafetyCheck.custom_call(t) for t in (_ffi.FWD_TARGET, _ffi.BWD_TARGET)]
 
 
-__all__ = ["dot_product_attention", "flash_attention", "export_disabled_checks", "WITH_CUDA"]
+__all__ = [
+    "dot_product_attention", "flash_attention", "export_disabled_checks", "WITH_CUDA",
+    "ring_attention", "ring_attention_shard", "zigzag", "unzigzag",
+]

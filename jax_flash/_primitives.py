@@ -65,10 +65,14 @@ flash_fwd_p.multiple_results = True
 
 
 def _fwd_abstract(q, k, v, q_lens, kv_lens, *, spec):
+    from . import sharding  # output shardings for Explicit mesh axes (see sharding.py)
+
     B, T, N, _ = q.shape
+    # update() keeps q's other type fields (e.g. shard_map's varying manual axes).
+    o_s, lse_s = sharding.fwd_out_shardings(q, k, v, q_lens, kv_lens)
     return (
-        jax.core.ShapedArray(q.shape, q.dtype),
-        jax.core.ShapedArray((B, N, T), jnp.float32),
+        q.update(shape=q.shape, dtype=q.dtype, weak_type=False, **o_s),
+        q.update(shape=(B, N, T), dtype=jnp.dtype(jnp.float32), weak_type=False, **lse_s),
     )
 
 
@@ -86,7 +90,7 @@ def _check_gpu_operands(q_aval):
         raise ValueError(f"jax_flash on the GPU supports head dims up to 256, got {q_aval.shape[-1]}")
 
 
-def _fwd_lowering(ctx, q, k, v, q_lens, kv_lens, *, spec, platform):
+def _fwd_local_lowering(ctx, q, k, v, q_lens, kv_lens, *, spec, platform):
     if platform == "cuda":
         _check_gpu_operands(ctx.avals_in[0])
     return jax.ffi.ffi_lowering(_ffi.FWD_TARGET)(ctx, q, k, v, q_lens, kv_lens, **spec.ffi_attrs())
@@ -99,17 +103,20 @@ flash_bwd_p.multiple_results = True
 
 
 def _bwd_abstract(q, k, v, o, lse, do, q_lens, kv_lens, *, spec):
+    from . import sharding
+
+    dq_s, dk_s = sharding.bwd_out_shardings(q, k, v, o, lse, do, q_lens, kv_lens)
     return (
-        jax.core.ShapedArray(q.shape, q.dtype),
-        jax.core.ShapedArray(k.shape, k.dtype),
-        jax.core.ShapedArray(v.shape, v.dtype),
+        q.update(shape=q.shape, dtype=q.dtype, weak_type=False, **dq_s),
+        k.update(shape=k.shape, dtype=k.dtype, weak_type=False, **dk_s),
+        v.update(shape=v.shape, dtype=v.dtype, weak_type=False, **dk_s),
     )
 
 
 flash_bwd_p.def_abstract_eval(_bwd_abstract)
 
 
-def _bwd_lowering(ctx, *args, spec, platform):
+def _bwd_local_lowering(ctx, *args, spec, platform):
     # Workspaces are extra outputs of the custom call (not scratch allocations inside the
     # kernel), so XLA owns their lifetime; they are dropped here.
     q_aval = ctx.avals_in[0]
@@ -124,9 +131,56 @@ def _bwd_lowering(ctx, *args, spec, platform):
     return results[:3]
 
 
+# Multi-device lowering. The public primitives lower through a custom_partitioning call
+# (jax_flash/sharding.py): its sharding rule lets the SPMD partitioner (Shardy, or GSPMD on
+# older setups) keep batch and head sharding, and its per-shard body binds the "local"
+# primitives below, which lower straight to the FFI call. custom_partitioning lowers its
+# body directly on one device and under shard_map's fully manual context, so those cases
+# cost nothing extra. It lives in the lowering, not around the public functions, because
+# custom_partitioning has no batching rule (the primitives' batching rules stay in charge).
+flash_fwd_local_p = jex_core.Primitive("jax_flash_fwd_local")
+flash_fwd_local_p.multiple_results = True
+flash_fwd_local_p.def_abstract_eval(_fwd_abstract)
+flash_bwd_local_p = jex_core.Primitive("jax_flash_bwd_local")
+flash_bwd_local_p.multiple_results = True
+flash_bwd_local_p.def_abstract_eval(_bwd_abstract)
+
+
+def _single_device(ctx) -> bool:
+    # jit on one device (eager calls, export without a mesh): no partitioner runs, skip
+    # the custom_partitioning wrapper.
+    return getattr(ctx.module_context.axis_context, "num_devices", None) == 1
+
+
+def _fwd_lowering(ctx, *args, spec):
+    from . import sharding  # imports this module
+
+    if _single_device(ctx):
+        return mlir.lower_fun(partial(flash_fwd_local_p.bind, spec=spec), multiple_results=True)(ctx, *args)
+    return mlir.lower_fun(partial(sharding.partitioned_fwd, spec=spec), multiple_results=True)(ctx, *args)
+
+
+def _bwd_lowering(ctx, *args, spec):
+    from . import sharding
+
+    if _single_device(ctx):
+        return mlir.lower_fun(partial(flash_bwd_local_p.bind, spec=spec), multiple_results=True)(ctx, *args)
+    return mlir.lower_fun(partial(sharding.partitioned_bwd, spec=spec), multiple_results=True)(ctx, *args)
+
+
+mlir.register_lowering(flash_fwd_p, _fwd_lowering)
+mlir.register_lowering(flash_bwd_p, _bwd_lowering)
+try:
+    # custom_partitioning needs the device assignment while lowering; JAX only passes it
+    # when a primitive in the jaxpr asks (ours hide custom_partitioning in their lowering).
+    from jax._src import dispatch as _dispatch
+
+    _dispatch.prim_requires_devices_during_lowering.update((flash_fwd_p, flash_bwd_p))
+except (ImportError, AttributeError):  # pragma: no cover - moved in a future JAX
+    pass
 for _platform in ("cpu", "cuda"):
-    mlir.register_lowering(flash_fwd_p, partial(_fwd_lowering, platform=_platform), platform=_platform)
-    mlir.register_lowering(flash_bwd_p, partial(_bwd_lowering, platform=_platform), platform=_platform)
+    mlir.register_lowering(flash_fwd_local_p, partial(_fwd_local_lowering, platform=_platform), platform=_platform)
+    mlir.register_lowering(flash_bwd_local_p, partial(_bwd_local_lowering, platform=_platform), platform=_platform)
 
 
 def _impl(prim, *args, **params):

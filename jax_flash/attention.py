@@ -42,6 +42,22 @@ def _attention_bwd(spec, res, cts):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+# The GPU kernels load rows in 16-byte vectors, so they take head dims that are multiples
+# of 8. Other head dims are zero-padded here (exact: zero columns add nothing to q.k and
+# produce zero output columns, which are sliced off; autodiff slices the gradients).
+_HEAD_DIM_MULTIPLE = 8
+
+
+def _call(q, k, v, q_lens, kv_lens, spec):
+    H = q.shape[-1]
+    pad = -H % _HEAD_DIM_MULTIPLE
+    if pad:
+        widths = [(0, 0)] * (q.ndim - 1) + [(0, pad)]
+        q, k, v = (jnp.pad(x, widths) for x in (q, k, v))
+    out, lse = _attention(q, k, v, q_lens, kv_lens, spec)
+    return (out[..., :H] if pad else out), lse
+
+
 def _spec(*, head_dim, scale, causal, window, softcap, q_offset, deterministic, kernel, window_name):
     V.check_scale(scale)
     softcap = V.check_softcap(softcap)
@@ -139,7 +155,7 @@ def flash_attention(
                 raise ValueError(f"{name} must have shape {lead} (q's leading dims), got {x.shape}")
             x = V.check_lengths(name, x.reshape(-1), B)
         lens.append(_lens_operand(x))
-    out, lse = _attention(
+    out, lse = _call(
         q.reshape(B, T, 1, H), k.reshape(B, S, 1, H), v.reshape(B, S, 1, H), lens[0], lens[1], spec
     )
     out = out.reshape(q.shape)
@@ -229,7 +245,7 @@ def dot_product_attention(
         q_offset=0, deterministic=False, kernel=kernels[implementation],
         window_name="local_window_size",
     )
-    out, lse = _attention(query, key, value, _lens_operand(q_lens), _lens_operand(kv_lens), spec)
+    out, lse = _call(query, key, value, _lens_operand(q_lens), _lens_operand(kv_lens), spec)
     if unbatched:
         out, lse = out[0], lse[0]
     if return_residual:

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (the device tool): install jax_flash linking kernel archives
+# prebuilt by tools/build_kernels.sh, then run a step. Logs go under $OUT.
+#   tools/gpu_session.sh test            # GPU test group (+ a short H=128 benchmark)
+#   tools/gpu_session.sh bench [args]    # jax-flash-bench with args
+# Carry: .whl (flash-attn3-jax wheel, optional) and build/prebuilt (libjf_sm80.a, libjf_sm90.a).
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-/tmp/jf_out}
+mkdir -p "$OUT"
+export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+if ls "$repo"/.whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$repo"/.whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+cd /tmp  # never import jax_flash from the source tree
+if ! python3 -c "import jax_flash, sys; sys.exit(0 if jax_flash.WITH_CUDA else 1)" 2>/dev/null; then
+  t0=$(date +%s)
+  (cd "$repo" && JAX_FLASH_CUDA=ON JAX_FLASH_PREBUILT_KERNELS_DIR="$repo/build/prebuilt" \
+     python3 -m pip install --no-build-isolation --no-deps -v . >"$OUT/build.log" 2>&1) \
+    || { tail -60 "$OUT/build.log"; exit 1; }
+  echo "build: $(( $(date +%s) - t0 )) s"
+fi
+python3 -c "import jax, jax_flash; print(jax.__version__, jax.devices(), 'cuda kernels:', jax_flash.WITH_CUDA)"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+step=${1:-test}; shift || true
+case "$step" in
+  test)
+    pytest -q -ra -x -n 8 -p no:cacheprovider "$repo/tests/test_gpu.py" --durations=8 2>&1 | tee "$OUT/test_gpu.log" | tail -40
+    ;;
+  bench)
+    jax-flash-bench --json "$OUT/bench.json" "$@" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.md"
+    ;;
+esac
