@@ -13,29 +13,29 @@ import jax.numpy as jnp
 from . import _validate as V
 from ._primitives import KERNELS, MaskSpec, flash_bwd, flash_fwd
 
-_NO_LENS = None  # sentinel for absent lengths in the public API
-
-
 def _lens_operand(lens):
-    # Absent lengths travel as an int32 [0] operand (the handlers read it as "full").
+    # Absent lengths reach the primitives as an int32 [0] operand (the handlers read it as
+    # "full"). It is made right before each bind and never crosses a custom_vjp residual or a
+    # shard_map boundary: Shardy (JAX 0.11) crashes on zero-size manual-computation inputs.
     return jnp.zeros((0,), jnp.int32) if lens is None else lens
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _attention(q, k, v, q_lens, kv_lens, spec):
-    out, lse = flash_fwd(q, k, v, q_lens, kv_lens, spec)
-    return out, lse
+    """q [B,T,N,H], k/v [B,S,K,H]; q_lens/kv_lens int32 [B] or None -> (out, lse [B,N,T])."""
+    return flash_fwd(q, k, v, _lens_operand(q_lens), _lens_operand(kv_lens), spec)
 
 
 def _attention_fwd(q, k, v, q_lens, kv_lens, spec):
-    out, lse = flash_fwd(q, k, v, q_lens, kv_lens, spec)
+    out, lse = flash_fwd(q, k, v, _lens_operand(q_lens), _lens_operand(kv_lens), spec)
     return (out, lse), (q, k, v, out, lse, q_lens, kv_lens)
 
 
 def _attention_bwd(spec, res, cts):
     q, k, v, out, lse, q_lens, kv_lens = res
     dout, _ = cts  # lse is returned as a non-differentiable residual (see docs)
-    dq, dk, dv = flash_bwd(q, k, v, out, lse, dout.astype(q.dtype), q_lens, kv_lens, spec)
+    dq, dk, dv = flash_bwd(q, k, v, out, lse, dout.astype(q.dtype), _lens_operand(q_lens),
+                           _lens_operand(kv_lens), spec)
     return dq, dk, dv, None, None
 
 
@@ -154,7 +154,7 @@ def flash_attention(
             if x.shape != lead:
                 raise ValueError(f"{name} must have shape {lead} (q's leading dims), got {x.shape}")
             x = V.check_lengths(name, x.reshape(-1), B)
-        lens.append(_lens_operand(x))
+        lens.append(x)
     out, lse = _call(
         q.reshape(B, T, 1, H), k.reshape(B, S, 1, H), v.reshape(B, S, 1, H), lens[0], lens[1], spec
     )
@@ -245,7 +245,7 @@ def dot_product_attention(
         q_offset=0, deterministic=False, kernel=kernels[implementation],
         window_name="local_window_size",
     )
-    out, lse = _call(query, key, value, _lens_operand(q_lens), _lens_operand(kv_lens), spec)
+    out, lse = _call(query, key, value, q_lens, kv_lens, spec)
     if unbatched:
         out, lse = out[0], lse[0]
     if return_residual:

@@ -55,7 +55,11 @@ except AttributeError:  # pragma: no cover - older JAX
     _NO_CHECK = dict(check_rep=False)
 
 _LAYOUTS = ("contiguous", "zigzag")
-_NO_LENS = np.zeros((0,), np.int32)
+def _no_lens():
+    # Built inside the traced body (a broadcast, not a captured constant): JAX 0.11 hoists
+    # captured constants into shard_map inputs, and Shardy's canonicaliser crashes on an
+    # int32[0] input of a manual computation.
+    return jnp.zeros((0,), jnp.int32)
 
 
 # ------------------------------------------------------------------------------ layout
@@ -220,7 +224,7 @@ def _fwd_branch(cfg, plan, q, k, v):
     lse = jnp.full((B, N, Tl), -jnp.inf, jnp.float32)
     for qa, kb, cls in _calls(plan):
         qi = _take(q, qa, c, 1)
-        oi, li = flash_fwd(qi, _take(k, kb, c, 1), _take(v, kb, c, 1), _NO_LENS, _NO_LENS,
+        oi, li = flash_fwd(qi, _take(k, kb, c, 1), _take(v, kb, c, 1), _no_lens(), _no_lens(),
                            _variant(cfg.spec, cls))
         o_cur, l_cur = _take(o, qa, c, 1), _take(lse, qa, c, 2)
         o_new, l_new = _merge(o_cur, l_cur, oi.astype(jnp.float32), li)
@@ -267,8 +271,8 @@ def _bwd_branch(cfg, plan, q, k, v, o, lse, do):
     for qa, kb, cls in _calls(plan):
         t = lambda x: _take(x, qa, c, 1)
         kk, vv = _take(k, kb, c, 1), _take(v, kb, c, 1)
-        dqi, dki, dvi = flash_bwd(t(q), kk, vv, t(o), _take(lse, qa, c, 2), t(do), _NO_LENS,
-                                  _NO_LENS, _variant(cfg.spec, cls))
+        dqi, dki, dvi = flash_bwd(t(q), kk, vv, t(o), _take(lse, qa, c, 2), t(do), _no_lens(),
+                                  _no_lens(), _variant(cfg.spec, cls))
         dq = _put(dq, _take(dq, qa, c, 1) + dqi.astype(jnp.float32), qa, c, 1)
         dk = _put(dk, _take(dk, kb, c, 1) + dki.astype(jnp.float32), kb, c, 1)
         dv = _put(dv, _take(dv, kb, c, 1) + dvi.astype(jnp.float32), kb, c, 1)

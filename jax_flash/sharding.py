@@ -244,8 +244,11 @@ def _bwd_partition(spec, mesh, arg_shapes, result_shape):
         for a in n_axes:
             idx = idx * mesh.shape[a] + lax.axis_index(a)
         head = (idx * q.shape[2]) // G
-        place = lambda d1, like: lax.dynamic_update_slice_in_dim(
-            jax.numpy.zeros(like.shape, d1.dtype), d1, head, axis=2)
+        # d1 [b, S, 1, H] scattered to kv head `head` of [b, S, K, H] by a one-hot product
+        # (a dynamic_update_slice into fresh zeros trips JAX 0.11's sharding-type check).
+        def place(d1, like):
+            onehot = lax.broadcasted_iota(jax.numpy.int32, (1, 1, like.shape[2], 1), 2) == head
+            return d1 * onehot.astype(d1.dtype)
         dk = lax.psum(place(dk1, k), n_axes)
         dv = lax.psum(place(dv1, v), n_axes)
         return dq, dk, dv

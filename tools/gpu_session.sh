@@ -3,6 +3,7 @@
 # prebuilt by tools/build_kernels.sh, then run a step. Logs go under $OUT.
 #   tools/gpu_session.sh test            # GPU test group (+ a short H=128 benchmark)
 #   tools/gpu_session.sh bench [args]    # jax-flash-bench with args
+#   tools/gpu_session.sh run "CMD"       # any command after the install (cwd /tmp, $repo set)
 # Carry: .whl (flash-attn3-jax wheel, optional) and build/prebuilt (libjf_sm80.a, libjf_sm90.a).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,6 +28,10 @@ step=${1:-test}; shift || true
 case "$step" in
   test)
     pytest -q -ra -x -n 8 -p no:cacheprovider "$repo/tests/test_gpu.py" --durations=8 2>&1 | tee "$OUT/test_gpu.log" | tail -40
+    ;;
+  run)
+    export repo
+    bash -c "$1"
     ;;
   bench)
     jax-flash-bench --json "$OUT/bench.json" "$@" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.md"
