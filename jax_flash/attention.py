@@ -23,7 +23,8 @@ def _lens_operand(lens):
 @partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _attention(q, k, v, q_lens, kv_lens, spec):
     """q [B,T,N,H], k/v [B,S,K,H]; q_lens/kv_lens int32 [B] or None -> (out, lse [B,N,T])."""
-    return flash_fwd(q, k, v, _lens_operand(q_lens), _lens_operand(kv_lens), spec)
+    out, lse = flash_fwd(q, k, v, _lens_operand(q_lens), _lens_operand(kv_lens), spec)
+    return out, lse
 
 
 def _attention_fwd(q, k, v, q_lens, kv_lens, spec):

@@ -180,7 +180,7 @@ def _print_table(rows, impls):
         for n in names:
             r = row["results"].get(n)
             cells += [_fmt(r, "fwd_tflops"), _fmt(r, "bwd_tflops")]
-        ours = row["results"].get("jax_flash", {})
+        ours = next((r for n, r in row["results"].items() if n.startswith("jax_flash")), {})
         for key in ("fwd_tflops", "bwd_tflops"):
             best = _best_other(row, key)
             cells.append(f"{ours[key] / best:.2f}" if best and key in ours else "-")

@@ -1,0 +1,90 @@
+// Host side of one sm90 backward instantiation: zero dq_accum, D = rowsum(dO*O), the main
+// kernel (TMA descriptors built here), dq = scale*dq_accum. No allocation, no host sync.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "flash_bwd_kernel_sm90.h"
+
+namespace jax_flash::sm90 {
+
+template <int kHeadDim>
+struct BwdTileConfig;
+template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, Stages = 2; };
+
+template <class Traits, bool Softcap>
+cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
+  using T = Traits;
+  using Element = typename T::Element;
+  BwdKernelParams<T> kp;
+  kp.p = p;
+  kp.acc_rows = p.seqlen_q_rounded > 0 ? p.seqlen_q_rounded : dq_accum_rows(p.seqlen_q);
+  kp.acc_cols = p.head_dim_rounded > 0 ? p.head_dim_rounded : dq_accum_cols(p.head_dim);
+  // The kernel writes whole 64-row blocks (rows < seqlen_q only) and head_dim columns.
+  if (kp.acc_rows < p.seqlen_q || kp.acc_cols < p.head_dim || kp.acc_cols % 2) return cudaErrorNotSupported;
+  int const n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  if (p.heads_kv > 65535 || p.batch > 65535) return cudaErrorNotSupported;
+
+  cudaError_t err = cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * int64_t(p.batch) * p.heads_q * kp.acc_rows * kp.acc_cols, stream);
+  if (err != cudaSuccess) return err;
+  {
+    int64_t rows = int64_t(p.batch) * p.seqlen_q * p.heads_q;
+    int64_t blocks = (rows + 7) / 8;
+    if (blocks > 0x7fffffff) return cudaErrorNotSupported;
+    flash_bwd_dot_do_o_kernel_sm90<Element><<<unsigned(blocks), 256, 0, stream>>>(p);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+
+  // TMA wants every stride of a size-1 mode to still be a legal (16B multiple) value.
+  int64_t qb = p.batch == 1 ? p.q_row_stride : p.q_batch_stride, qh = p.heads_q == 1 ? p.q_row_stride : p.q_head_stride;
+  int64_t ob = p.batch == 1 ? p.do_row_stride : p.do_batch_stride, oh = p.heads_q == 1 ? p.do_row_stride : p.do_head_stride;
+  int64_t kb = p.batch == 1 ? p.k_row_stride : p.k_batch_stride, kh = p.heads_kv == 1 ? p.k_row_stride : p.k_head_stride;
+  int64_t vb = p.batch == 1 ? p.v_row_stride : p.v_batch_stride, vh = p.heads_kv == 1 ? p.v_row_stride : p.v_head_stride;
+  auto mQ = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.q)), make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch),
+                        make_stride(p.q_row_stride, _1{}, qh, qb));
+  auto mdO = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.dout)), make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch),
+                         make_stride(p.do_row_stride, _1{}, oh, ob));
+  auto mK = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.k)), make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch),
+                        make_stride(p.k_row_stride, _1{}, kh, kb));
+  auto mV = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.v)), make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch),
+                        make_stride(p.v_row_stride, _1{}, vh, vb));
+  auto tileQ = Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{};
+  auto tileK = Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{};
+  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename T::SmemLayoutQ{}), tileQ, _1{});
+  kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename T::SmemLayoutQ{}), tileQ, _1{});
+  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename T::SmemLayoutK{}, tileK, _1{});
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename T::SmemLayoutK{}, tileK, _1{});
+  float const log2e = 1.44269504088896340736f;
+  kp.scale_log2 = Softcap ? p.softcap * log2e : p.scale * log2e;
+  kp.softcap_mult = Softcap ? p.scale / p.softcap : 0.f;
+
+  auto kernel = &flash_bwd_kernel<T, Softcap>;
+  constexpr int smem = T::kSmemBytes;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  kernel<<<dim3(unsigned(n_blocks), unsigned(p.heads_kv), unsigned(p.batch)), dim3(T::kThreads), smem, stream>>>(kp);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+
+  int64_t n = int64_t(p.batch) * p.seqlen_q * p.heads_q * (p.head_dim / 2);
+  int64_t blocks = (n + 255) / 256;
+  if (blocks > 16384) blocks = 16384;
+  flash_bwd_convert_dq_kernel_sm90<Element><<<unsigned(blocks), 256, 0, stream>>>(p, kp.acc_rows, kp.acc_cols);
+  return cudaGetLastError();
+}
+
+template <int kHeadDim, class Element>
+cudaError_t run_bwd_hdim(const FlashBwdParams& p, cudaStream_t stream) {
+  using C = BwdTileConfig<kHeadDim>;
+  using T = BwdTraits<kHeadDim, C::M, C::N, C::Stages, Element>;
+  if (p.softcap > 0.f) return launch_bwd<T, true>(p, stream);
+  return launch_bwd<T, false>(p, stream);
+}
+
+}  // namespace jax_flash::sm90
+
+namespace jax_flash {
+template <int kHeadDim, DType kDType>
+cudaError_t flash_bwd_sm90_hdim(const FlashBwdParams& p, cudaStream_t stream);
+}
