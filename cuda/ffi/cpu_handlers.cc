@@ -1,6 +1,6 @@
 // XLA FFI handlers of the CPU backend: decode, fill params, run the kernel.
 #include "../cpu/flash_cpu.h"
-#include "ffi_params.h"
+#include "bindings.h"
 #include "handlers.h"
 
 namespace ffi = ::xla::ffi;
@@ -37,29 +37,5 @@ ffi::Error BwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Any
 }  // namespace
 }  // namespace jax_flash
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashFwdCpu, jax_flash::FwdCpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // q [B, T, N, H]
-                                  .Arg<ffi::AnyBuffer>()  // k [B, S, K, H]
-                                  .Arg<ffi::AnyBuffer>()  // v [B, S, K, H]
-                                  .Arg<ffi::AnyBuffer>()  // q_lens int32 [B] or [0]
-                                  .Arg<ffi::AnyBuffer>()  // kv_lens int32 [B] or [0]
-                                  .Attrs<jax_flash::FlashAttrs>()
-                                  .Ret<ffi::AnyBuffer>()    // o [B, T, N, H]
-                                  .Ret<ffi::AnyBuffer>());  // lse float32 [B, N, T]
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBwdCpu, jax_flash::BwdCpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // o (forward output)
-                                  .Arg<ffi::AnyBuffer>()  // lse float32 [B, N, T]
-                                  .Arg<ffi::AnyBuffer>()  // do (cotangent of o)
-                                  .Arg<ffi::AnyBuffer>()  // q_lens int32 [B] or [0]
-                                  .Arg<ffi::AnyBuffer>()  // kv_lens int32 [B] or [0]
-                                  .Attrs<jax_flash::FlashAttrs>()
-                                  .Ret<ffi::AnyBuffer>()    // dq
-                                  .Ret<ffi::AnyBuffer>()    // dk
-                                  .Ret<ffi::AnyBuffer>()    // dv
-                                  .Ret<ffi::AnyBuffer>());  // workspace: dsum float32 [B, N, T]
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashFwdCpu, jax_flash::FwdCpu, jax_flash::bind_fwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBwdCpu, jax_flash::BwdCpu, jax_flash::bind_bwd(ffi::Ffi::Bind()));

@@ -9,7 +9,7 @@
 #ifdef JAX_FLASH_WITH_SM90
 #include "../sm90/flash_sm90.h"
 #endif
-#include "ffi_params.h"
+#include "bindings.h"
 #include "handlers.h"
 
 namespace ffi = ::xla::ffi;
@@ -98,33 +98,9 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
 }  // namespace jax_flash
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashFwdCuda, jax_flash::FwdCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // q [B, T, N, H]
-                                  .Arg<ffi::AnyBuffer>()  // k [B, S, K, H]
-                                  .Arg<ffi::AnyBuffer>()  // v [B, S, K, H]
-                                  .Arg<ffi::AnyBuffer>()  // q_lens int32 [B] or [0]
-                                  .Arg<ffi::AnyBuffer>()  // kv_lens int32 [B] or [0]
-                                  .Attrs<jax_flash::FlashAttrs>()
-                                  .Ret<ffi::AnyBuffer>()   // o [B, T, N, H]
-                                  .Ret<ffi::AnyBuffer>(),  // lse float32 [B, N, T]
+                              jax_flash::bind_fwd(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
                               {ffi::Traits::kCmdBufferCompatible});
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBwdCuda, jax_flash::BwdCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // o (forward output)
-                                  .Arg<ffi::AnyBuffer>()  // lse float32 [B, N, T]
-                                  .Arg<ffi::AnyBuffer>()  // do (cotangent of o)
-                                  .Arg<ffi::AnyBuffer>()  // q_lens int32 [B] or [0]
-                                  .Arg<ffi::AnyBuffer>()  // kv_lens int32 [B] or [0]
-                                  .Attrs<jax_flash::FlashAttrs>()
-                                  .Ret<ffi::AnyBuffer>()   // dq
-                                  .Ret<ffi::AnyBuffer>()   // dk
-                                  .Ret<ffi::AnyBuffer>()   // dv
-                                  .Ret<ffi::AnyBuffer>()   // workspace: dsum float32 [B, N, T]
+                              jax_flash::bind_bwd(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>())
                                   .Ret<ffi::AnyBuffer>(),  // workspace: dq_accum float32 [B, N, rows, cols]
                               {ffi::Traits::kCmdBufferCompatible});
