@@ -152,17 +152,22 @@ def _best_other(row, key):
     return max(others) if others else None
 
 
+def _num(x):
+    # Whole TFLOP/s on GPUs; three significant digits for the CPU's fractions of one.
+    return f"{x:.0f}" if abs(x) >= 10 else f"{x:.3g}"
+
+
 def _fmt(r, key):
     if r is None:
         return "-"
     if "error" in r:
         return "err"
-    return f"{r[key]:.0f}" if key in r else "-"
+    return _num(r[key]) if key in r else "-"
 
 
 def _print_row(row, impls):
     parts = [f"{n}: " + ("err " + row['results'][n]['error'] if 'error' in row['results'][n] else
-                         f"fwd {row['results'][n]['fwd_tflops']:.1f} bwd {row['results'][n]['bwd_tflops']:.1f}")
+                         f"fwd {_num(row['results'][n]['fwd_tflops'])} bwd {_num(row['results'][n]['bwd_tflops'])}")
              for n in impls if n in row["results"]]
     print(f"  {row['dtype']} H={row['H']} S={row['S']} B={row['B']} N={row['N']} causal={row['causal']}: "
           + " | ".join(parts), file=sys.stderr, flush=True)
