@@ -19,30 +19,11 @@
 #include <vector>
 
 #include "../../common/mask.h"
+#include "harness_util.h"
 #include "../flash_sm90.h"
 
 using namespace jax_flash;
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      exit(2);                                                                                  \
-    }                                                                                           \
-  } while (0)
-
-static float to_f(uint16_t x, bool bf16) {
-  if (bf16) { uint32_t u = uint32_t(x) << 16; float f; memcpy(&f, &u, 4); return f; }
-  __half h; memcpy(&h, &x, 2); return __half2float(h);
-}
-static uint16_t from_f(float f, bool bf16) {
-  uint16_t r;
-  if (bf16) { __nv_bfloat16 b = __float2bfloat16(f); memcpy(&r, &b, 2); }
-  else { __half h = __float2half(f); memcpy(&r, &h, 2); }
-  return r;
-}
-static float rnd(float f, bool bf16) { return to_f(from_f(f, bf16), bf16); }
 
 struct Case {
   const char* name;
