@@ -152,24 +152,15 @@ def _single_device(ctx) -> bool:
     return getattr(ctx.module_context.axis_context, "num_devices", None) == 1
 
 
-def _fwd_lowering(ctx, *args, spec):
+def _lowering(ctx, *args, spec, local_p, partitioned):
     from . import sharding  # imports this module
 
-    if _single_device(ctx):
-        return mlir.lower_fun(partial(flash_fwd_local_p.bind, spec=spec), multiple_results=True)(ctx, *args)
-    return mlir.lower_fun(partial(sharding.partitioned_fwd, spec=spec), multiple_results=True)(ctx, *args)
+    fn = local_p.bind if _single_device(ctx) else getattr(sharding, partitioned)
+    return mlir.lower_fun(partial(fn, spec=spec), multiple_results=True)(ctx, *args)
 
 
-def _bwd_lowering(ctx, *args, spec):
-    from . import sharding
-
-    if _single_device(ctx):
-        return mlir.lower_fun(partial(flash_bwd_local_p.bind, spec=spec), multiple_results=True)(ctx, *args)
-    return mlir.lower_fun(partial(sharding.partitioned_bwd, spec=spec), multiple_results=True)(ctx, *args)
-
-
-mlir.register_lowering(flash_fwd_p, _fwd_lowering)
-mlir.register_lowering(flash_bwd_p, _bwd_lowering)
+mlir.register_lowering(flash_fwd_p, partial(_lowering, local_p=flash_fwd_local_p, partitioned="partitioned_fwd"))
+mlir.register_lowering(flash_bwd_p, partial(_lowering, local_p=flash_bwd_local_p, partitioned="partitioned_bwd"))
 try:
     # custom_partitioning needs the device assignment while lowering; JAX only passes it
     # when a primitive in the jaxpr asks (ours hide custom_partitioning in their lowering).
