@@ -123,9 +123,11 @@ def _bwd_local_lowering(ctx, *args, spec, platform):
     if platform == "cuda":
         _check_gpu_operands(q_aval)
     B, T, N, H = q_aval.shape
-    workspaces = [jax.core.ShapedArray((B, N, T), jnp.float32)]  # dsum = rowsum(dO * O)
+    acc_shape = _dq_accum_shape(B, N, T, H)
+    stats = jax.core.ShapedArray(acc_shape[:3], jnp.float32)
+    workspaces = [stats]  # dsum = rowsum(dO * O), padded rows
     if platform == "cuda":
-        workspaces.append(jax.core.ShapedArray(_dq_accum_shape(B, N, T, H), jnp.float32))
+        workspaces += [stats, jax.core.ShapedArray(acc_shape, jnp.float32)]  # lse * log2(e), dQ accumulator
     ctx = ctx.replace(avals_out=[*ctx.avals_out, *workspaces])
     results = jax.ffi.ffi_lowering(_ffi.BWD_TARGET)(ctx, *args, **spec.ffi_attrs())
     return results[:3]

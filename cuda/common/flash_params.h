@@ -5,11 +5,18 @@
 // Tensor layouts (all row-major, last dimension contiguous):
 //   q, o, do, dq : [batch, seqlen_q, heads_q,  head_dim]
 //   k, v, dk, dv : [batch, seqlen_k, heads_kv, head_dim]
-//   lse, dsum    : [batch, heads_q, seqlen_q]   (float32)
+//   lse          : [batch, heads_q, seqlen_q]   (float32)
+//   dsum, lse_log2 (backward workspaces): [batch, heads_q, seqlen_q_rounded] (float32)
 // Strides are in elements and 64-bit so that batch*seqlen*heads*head_dim may pass 2^31.
 #pragma once
 
 #include <cstdint>
+
+#if defined(__CUDACC__)
+#define JF_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define JF_HOST_DEVICE inline
+#endif
 
 namespace jax_flash {
 
@@ -68,7 +75,9 @@ struct FlashBwdParams : FlashFwdParams {
   int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
   int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
   // --- workspace, handed in by the FFI as extra outputs (never allocated by kernels) ---
-  float* dsum = nullptr;      // [batch, heads_q, seqlen_q]: rowsum(dO * O)
+  float* dsum = nullptr;      // [batch, heads_q, seqlen_q_rounded]: rowsum(dO * O)
+  float* lse_log2 = nullptr;  // GPU only: [batch, heads_q, seqlen_q_rounded]: lse * log2(e), +inf on
+                              // empty and padded rows (P = 0 there); 16B-aligned rows for TMA (sm90)
   float* dq_accum = nullptr;  // GPU only: fp32 dQ accumulator, layout [batch, heads_q, seqlen_q_rounded, head_dim_rounded]
   int seqlen_q_rounded = 0;
   int head_dim_rounded = 0;
@@ -79,5 +88,10 @@ struct FlashBwdParams : FlashFwdParams {
 // Python mirrors this (jax_flash/_primitives.py) to size the FFI output buffer.
 inline int64_t dq_accum_rows(int seqlen_q) { return (int64_t(seqlen_q) + 127) / 128 * 128; }
 inline int64_t dq_accum_cols(int head_dim) { return (int64_t(head_dim) + 63) / 64 * 64; }
+
+// Offset of row 0 of (b, h) in the per-row backward workspaces (dsum, lse_log2).
+JF_HOST_DEVICE int64_t row_stats_offset(const FlashBwdParams& p, int b, int h) {
+  return (int64_t(b) * p.heads_q + h) * p.seqlen_q_rounded;
+}
 
 }  // namespace jax_flash

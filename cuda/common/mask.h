@@ -12,12 +12,6 @@
 
 #include "flash_params.h"
 
-#if defined(__CUDACC__)
-#define JF_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define JF_HOST_DEVICE inline
-#endif
-
 namespace jax_flash {
 
 // The mask of one (batch) sequence pair.

@@ -33,7 +33,7 @@ void flash_bwd(const FlashBwdParams& p) {
     // Preprocess: D_i = rowsum(dO * O) for every q head of the group (into p.dsum).
     for (int64_t g = 0; g < group; ++g) {
       const int h = int(hk * group + g);
-      float* dsum = p.dsum + (int64_t(b) * p.heads_q + h) * T;
+      float* dsum = p.dsum + row_stats_offset(p, b, h);
       for (int64_t i = 0; i < T; ++i) {
         load_row(p.o, p.dtype, b * p.o_batch_stride + h * p.o_head_stride + i * p.o_row_stride, H, row.data());
         load_row(p.dout, p.dtype, b * p.do_batch_stride + h * p.do_head_stride + i * p.do_row_stride, H,
@@ -67,7 +67,7 @@ void flash_bwd(const FlashBwdParams& p) {
         const int64_t q_off = b * p.q_batch_stride + h * p.q_head_stride;
         const int64_t do_off = b * p.do_batch_stride + h * p.do_head_stride;
         const float* lse = p.lse + (int64_t(b) * p.heads_q + h) * T;
-        const float* dsum = p.dsum + (int64_t(b) * p.heads_q + h) * T;
+        const float* dsum = p.dsum + row_stats_offset(p, b, h);
         float* dq_h = dq.data() + g * T * H;
         for (int64_t r0 = rlo; r0 < rhi; r0 += kBlockQ) {
           const int nr = int(std::min<int64_t>(kBlockQ, rhi - r0));

@@ -41,7 +41,7 @@ auto bind_bwd(Binding b) {
       .template Ret<AnyBuffer>()   // dq
       .template Ret<AnyBuffer>()   // dk
       .template Ret<AnyBuffer>()   // dv
-      .template Ret<AnyBuffer>();  // workspace: dsum float32 [B, N, T]
+      .template Ret<AnyBuffer>();  // workspace: dsum float32 [B, N, rows] (rows = dq_accum_rows(T))
 }
 
 }  // namespace jax_flash

@@ -7,7 +7,9 @@
 
 #include "../sm80/flash_sm80.h"
 #ifdef JAX_FLASH_WITH_SM90
+#include "../sm90/flash_bwd_sm90.h"
 #include "../sm90/flash_sm90.h"
+#include "../sm90/support.h"
 #endif
 #include "bindings.h"
 #include "handlers.h"
@@ -18,20 +20,6 @@ namespace jax_flash {
 namespace {
 
 enum Kernel : int32_t { kAuto = 0, kPortable = 1, kHopper = 2 };
-
-// Compute capability major*10+minor of the current device, cached per device.
-int device_cc() {
-  static int cached[64] = {0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
-  if (cached[dev] == 0) {
-    int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    cached[dev] = major * 10 + minor;
-  }
-  return cached[dev];
-}
 
 ffi::Error to_ffi(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return ffi::Error::Success();
@@ -51,7 +39,7 @@ ffi::Error check_gpu_supported(const FlashFwdParams& p) {
 bool want_hopper(int32_t kernel) {
 #ifdef JAX_FLASH_WITH_SM90
   if (kernel == kHopper) return true;
-  return kernel == kAuto && device_cc() == 90;
+  return kernel == kAuto && sm90::on_sm90();
 #else
   (void)kernel;
   return false;
@@ -82,7 +70,8 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
                    ffi::AnyBuffer o, ffi::AnyBuffer lse, ffi::AnyBuffer dout, ffi::AnyBuffer q_lens,
                    ffi::AnyBuffer kv_lens, FlashAttrs attrs, ffi::Result<ffi::AnyBuffer> dq,
                    ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
-                   ffi::Result<ffi::AnyBuffer> dsum, ffi::Result<ffi::AnyBuffer> dq_accum) {
+                   ffi::Result<ffi::AnyBuffer> dsum, ffi::Result<ffi::AnyBuffer> lse_log2,
+                   ffi::Result<ffi::AnyBuffer> dq_accum) {
   FlashBwdParams p;
   if (auto e = fill_bwd_params(q, k, v, o, lse, dout, q_lens, kv_lens, attrs, &p); e.failure()) return e;
   if (auto e = check_gpu_supported(p); e.failure()) return e;
@@ -90,7 +79,19 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.dk = dk->untyped_data();
   p.dv = dv->untyped_data();
   p.dsum = static_cast<float*>(dsum->untyped_data());
+  p.lse_log2 = static_cast<float*>(lse_log2->untyped_data());
   p.dq_accum = static_cast<float*>(dq_accum->untyped_data());
+  if (attrs.kernel == kHopper && !want_hopper(attrs.kernel))
+    return ffi::Error::InvalidArgument("jax_flash: kernel='hopper' requested but the sm90 kernels were not built");
+#ifdef JAX_FLASH_WITH_SM90
+  // The Hopper backward covers head_dim 64 and 128 without the deterministic mode; other
+  // configurations take the portable backward even under kernel='hopper'.
+  if (want_hopper(attrs.kernel)) {
+    cudaError_t err = flash_bwd_sm90(p, stream);
+    if (err != cudaErrorNotSupported) return to_ffi(err, "flash_bwd_sm90");
+    cudaGetLastError();  // clear the not-supported status before falling back
+  }
+#endif
   return to_ffi(flash_bwd_sm80(p, stream), "flash_bwd_sm80");
 }
 
@@ -102,5 +103,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashFwdCuda, jax_flash::FwdCuda,
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBwdCuda, jax_flash::BwdCuda,
                               jax_flash::bind_bwd(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>())
+                                  .Ret<ffi::AnyBuffer>()   // workspace: lse_log2 float32 [B, N, rows]
                                   .Ret<ffi::AnyBuffer>(),  // workspace: dq_accum float32 [B, N, rows, cols]
                               {ffi::Traits::kCmdBufferCompatible});

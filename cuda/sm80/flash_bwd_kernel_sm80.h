@@ -32,7 +32,7 @@ __global__ void flash_bwd_dsum_kernel(const FlashBwdParams p) {
   for (int c = lane; c < p.head_dim; c += 32) acc += float(o[c]) * float(d[c]);
   CUTE_UNROLL
   for (int s = 16; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffff, acc, s);
-  if (lane == 0) p.dsum[warp] = acc;  // [B, Nq, T] contiguous == warp index
+  if (lane == 0) p.dsum[row_stats_offset(p, b, h) + i] = acc;
 }
 
 template <typename Element>
@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_bwd_dkdv_kernel(const Fla
     // Row statistics from the forward / preprocess (rows past seqlen_q are all-masked).
     float lse_l2[kRows], dsum_r[kRows];
     const float* lse_ptr = p.lse + (int64_t(b) * p.heads_q + h) * p.seqlen_q;
-    const float* dsum_ptr = p.dsum + (int64_t(b) * p.heads_q + h) * p.seqlen_q;
+    const float* dsum_ptr = p.dsum + row_stats_offset(p, b, h);
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
       const int r = row0 + get<0>(tScS_rc(mi, 0));

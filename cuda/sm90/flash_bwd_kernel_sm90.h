@@ -6,10 +6,14 @@
 //       P^T  = exp2(S^T*scale*log2e - lse*log2e), dS^T = P^T (dP^T - D) [* softcap grad]
 //       dV  += P^T dO, dK += dS^T Q           (wgmma RS: P^T / dS^T straight from registers)
 //       dS^T -> smem (double buffer), named barrier, dQ = dS K (wgmma SS, hdim split over WGs)
-//       dQ atomically added (fp32, float2 red) into dq_accum.
+//       dQ -> smem (fragment order), one bulk reduce-add (cp.reduce.async.bulk) per WG into
+//       dq_accum: no per-thread atomics, and the smem writes and the reduce stay contiguous.
+//   lse (log2 domain) and D = rowsum(dO*O) ride with Q and dO: the producer bulk-copies their
+//   padded rows into the same pipeline stage, so consumers read them from smem when needed
+//   instead of holding 2 x 16 registers across the GEMMs.
 //   dK / dV live in registers for the whole CTA (all q heads of a GQA group are looped here,
 //   so no atomics for dK / dV).
-// Preprocess (D = rowsum(dO*O)) and postprocess (dq = scale*dq_accum) kernels are below.
+// Preprocess (D, lse*log2e into padded rows) and postprocess (dq = scale*dq_accum) kernels are below.
 #pragma once
 
 #include <cutlass/arch/reg_reconfig.h>
@@ -30,7 +34,11 @@ struct BwdTraits {
   static constexpr int kMmaWGs = kBlockN / 64;
   static constexpr int kMmaThreads = kMmaWGs * 128;
   static constexpr int kThreads = kMmaThreads + 128;
-  static_assert(kMmaWGs == 2 && kBlockM == 64);
+  static_assert(kMmaWGs == 2 && kBlockM % 64 == 0);
+  // dQ partial of one step: kdQFrag floats per consumer thread, one WG's part contiguous.
+  static constexpr int kdQFrag = kBlockM * kHeadDim / kMmaThreads;
+  static constexpr int kdQWGFloats = 128 * kdQFrag;
+  static_assert(kdQFrag % 4 == 0);
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
 
@@ -46,7 +54,7 @@ struct BwdTraits {
       GMMA::rs_op_selector<Element, Element, float, TileShapedKV, GMMA::Major::K, GMMA::Major::MN>(),
       Layout<Shape<_2, _1, _1>>{}));
   using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, TileShapedQAtom, GMMA::Major::K, GMMA::Major::MN>(),
+      GMMA::ss_op_selector<Element, Element, float, TileShapedQAtom, GMMA::Major::MN, GMMA::Major::MN>(),
       Layout<Shape<_1, _2, _1>>{}));
 
   // Q / dO: (rows, head_dim, stage), head_dim contiguous. The "t" views are the transposes
@@ -61,10 +69,11 @@ struct BwdTraits {
   using SmemLayoutK = decltype(tile_to_shape(SmemAtomK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   using SmemLayoutKt = decltype(composition(
       SmemLayoutK{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Stride<Int<kBlockN>, _1>{})));
-  // dS: (rows, keys), keys contiguous (K-major A of dQ = dS K); dSt = (keys, rows) view for
-  // the register -> smem store of the dS^T accumulator.
-  using SmemAtomdS = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kBlockM>, Int<kBlockN>>());
-  using SmemLayoutdS = decltype(tile_to_shape(SmemAtomdS{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  // dS: (rows, keys), rows contiguous (MN-major A of dQ = dS K), so the dS^T accumulator's
+  // register pairs (adjacent query rows of one key) go to smem as 32-bit stores through the
+  // dSt = (keys, rows) view.
+  using SmemAtomdS = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::MN, Element, Int<kBlockM>, Int<kBlockN>>());
+  using SmemLayoutdS = decltype(tile_to_shape(SmemAtomdS{}, Shape<Int<kBlockM>, Int<kBlockN>>{}, Step<_2, _1>{}));
   using SmemLayoutdSt = decltype(composition(
       SmemLayoutdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Stride<Int<kBlockM>, _1>{})));
 
@@ -74,7 +83,8 @@ struct BwdTraits {
                                        take<0, 2>(SmemLayoutQ{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TMA_K = decltype(make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeT{}, StrideT{}),
                                        SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
-  static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  // One pipeline stage: a Q (dO) tile plus its lse (D) rows.
+  static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element) + kBlockM * sizeof(float);
   static constexpr uint32_t kBytesK = kBlockN * kHeadDim * sizeof(Element);
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
@@ -87,6 +97,9 @@ struct BwdTraits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> v;
     cute::array_aligned<Element, 2 * kdSSize, 1024> ds;  // double buffer
+    cute::array_aligned<float, kBlockM * kHeadDim, 128> dq;
+    alignas(16) float lse[kStages][kBlockM];   // lse * log2(e)
+    alignas(16) float dsum[kStages][kBlockM];  // rowsum(dO * O)
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
     alignas(16) typename Pipeline::SharedStorage pipe_q;
     alignas(16) typename Pipeline::SharedStorage pipe_do;
@@ -104,9 +117,27 @@ struct BwdKernelParams {
   float scale_log2;    // multiplier of the raw (or tanh) logit in the exp2 domain
   float softcap_mult;  // scale / softcap (tanh argument), softcap variant only
   int64_t acc_rows, acc_cols;
+  // Grid (heads_kv, batch, key blocks) instead of (key blocks, heads_kv, batch): the hardware
+  // then starts every head's first key blocks (the longest under causal masks) first.
+  bool key_blocks_slowest;
 };
 
-constexpr int kBwdBarDS = 7;
+constexpr int kBwdBarDS = 7;   // both consumer WGs stored their dS^T half
+constexpr int kBwdBarDQ = 8;   // + wg: the WG stored its dQ fragment
+
+// Offset of element i of consumer thread t's dQ fragment inside one kBlockM-row block of
+// dq_accum (and of the smem staging buffer): fragment-major, 4 floats per thread per chunk.
+template <class T>
+__forceinline__ __device__ int dq_frag_offset(int t, int i) {
+  return (t / 128) * T::kdQWGFloats + (i / 4) * 512 + (t % 128) * 4 + (i % 4);
+}
+
+__forceinline__ __device__ void bulk_reduce_add_f32(float* gmem, float const* smem, int bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+               :
+               : "l"(gmem), "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes)
+               : "memory");
+}
 
 template <class Pipe, class State>
 __forceinline__ __device__ void bwd_consumer_wait(Pipe& pipe, State& st) {
@@ -123,7 +154,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
   FlashBwdParams const& p = kp.p;
 
-  int const n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
+  int const n_block = kp.key_blocks_slowest ? blockIdx.z : blockIdx.x;
+  int const h_kv = kp.key_blocks_slowest ? blockIdx.x : blockIdx.y;
+  int const b = kp.key_blocks_slowest ? blockIdx.y : blockIdx.z;
   int const warp_group = __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0);
   int const warp_in_wg = __shfl_sync(0xffffffff, (int(threadIdx.x) / 32) % 4, 0);
 
@@ -177,12 +210,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         int const m = m_min + it % nm;
         Tensor gQ = local_tile(mQ(_, _, hq, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));
         Tensor gdO = local_tile(mdO(_, _, hq, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));
+        int64_t const stats = row_stats_offset(p, b, hq) + int64_t(m) * kBlockM;
         pipe_q.producer_acquire(wr);
         copy(kp.tma_q.with(*pipe_q.producer_get_barrier(wr), 0, TMA::CacheHintSm90::EVICT_LAST),
              group_modes<0, 3>(cq.partition_S(gQ)), tQs(_, wr.index()));
+        SM90_BULK_COPY_G2S::copy(p.lse_log2 + stats, pipe_q.producer_get_barrier(wr), ss.lse[wr.index()],
+                                 kBlockM * sizeof(float));
         pipe_do.producer_acquire(wr);
         copy(kp.tma_do.with(*pipe_do.producer_get_barrier(wr), 0, TMA::CacheHintSm90::EVICT_LAST),
              group_modes<0, 3>(cdo.partition_S(gdO)), tdOs(_, wr.index()));
+        SM90_BULK_COPY_G2S::copy(p.dsum + stats, pipe_do.producer_get_barrier(wr), ss.dsum[wr.index()],
+                                 kBlockM * sizeof(float));
         ++wr;
       }
       pipe_q.producer_tail(wr);
@@ -225,10 +263,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     auto thr_sdp = mma_sdp.get_thread_slice(tidx);
     Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));  // (key, row)
     Tensor cS_rc = make_tensor(cS.data(), acc_rowcol(cS.layout()));
-    auto thr_dq = mma_dq.get_thread_slice(tidx);
-    Tensor cdQ = thr_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));  // (row, d)
 
-    float const log2e = 1.44269504088896340736f;
     float const scale_log2 = kp.scale_log2;
     int const key0_wg = n_block * kBlockN + wg * 64;
     constexpr int kCols = decltype(size<1>(cS_rc))::value;  // query rows owned by this thread
@@ -242,48 +277,63 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       int const m = m_min + it % nm;
       int const row0 = m * kBlockM;
       int const buf = it & 1;
-      // lse (log2 domain; empty rows -> +inf so P = 0) and D for the rows of this thread.
-      float lse2[kCols], dsum[kCols];
-      {
-        float const* lse_p = p.lse + (int64_t(b) * p.heads_q + hq) * p.seqlen_q;
-        float const* d_p = p.dsum + (int64_t(b) * p.heads_q + hq) * p.seqlen_q;
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < kCols; ++j) {
-          int const r = row0 + int(get<1>(cS_rc(0, j)));
-          float l = r < p.seqlen_q ? __ldg(lse_p + r) : -INFINITY;
-          lse2[j] = l == -INFINITY ? INFINITY : l * log2e;
-          dsum[j] = r < p.seqlen_q ? __ldg(d_p + r) : 0.f;
-        }
-      }
       Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       bwd_consumer_wait(pipe_q, rd);
       wg_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, rd.index()), tSrS);
       bwd_consumer_wait(pipe_do, rd);
       wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, rd.index()), tdPrdP);
-      warpgroup_wait<0>();
       Tensor s_rc = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
       Tensor dp_rc = make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));
       bool const full = msk.tile_full(row0, row0 + kBlockM, key0_wg, key0_wg + 64);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < kRowsK; ++i) {
+      float const* s_lse = ss.lse[rd.index()];
+      float const* s_dsum = ss.dsum[rd.index()];
+      // P^T = exp2(logit * scale_log2 - lse2); element-wise mask only on boundary tiles (the
+      // masked variant is a separate loop so the full-tile loop has no branches).
+      auto prob = [&](auto masked, float x, float lse2, int i, int j) {
+        float pr = ex2(x * scale_log2 - lse2);
+        if constexpr (decltype(masked)::value) {
+          int64_t const key = n_block * kBlockN + int(get<0>(cS_rc(i, j)));
+          int64_t const row = row0 + int(get<1>(cS_rc(i, j)));
+          if (!msk.visible(row, key)) pr = 0.f;
+        }
+        return pr;
+      };
+      if constexpr (Softcap) {
+        // dS needs tanh' of the logit, so P and dS are formed together once both GEMMs land.
+        warpgroup_wait<0>();
+        auto p_and_ds = [&](auto masked) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kCols; ++j) {
+            float const lse2 = s_lse[int(get<1>(cS_rc(0, j)))], d = s_dsum[int(get<1>(cS_rc(0, j)))];
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < kRowsK; ++i) {
+              float const t = tanhf(s_rc(i, j) * kp.softcap_mult);
+              float const pr = prob(masked, t, lse2, i, j);
+              s_rc(i, j) = pr;
+              dp_rc(i, j) = pr * (dp_rc(i, j) - d) * (1.f - t * t);
+            }
+          }
+        };
+        if (full) p_and_ds(cute::false_type{}); else p_and_ds(cute::true_type{});
+      } else {
+        // P^T (in place of S^T) while dP^T is still in flight.
+        warpgroup_wait<1>();
+        auto p_only = [&](auto masked) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kCols; ++j) {
+            float const lse2 = s_lse[int(get<1>(cS_rc(0, j)))];
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < kRowsK; ++i) s_rc(i, j) = prob(masked, s_rc(i, j), lse2, i, j);
+          }
+        };
+        if (full) p_only(cute::false_type{}); else p_only(cute::true_type{});
+        warpgroup_wait<0>();
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < kCols; ++j) {
-          float x = s_rc(i, j);
-          float grad = 1.f;
-          if constexpr (Softcap) {
-            float t = tanhf(x * kp.softcap_mult);
-            x = t;
-            grad = 1.f - t * t;
-          }
-          float pr = ex2(x * scale_log2 - lse2[j]);
-          if (!full) {
-            int64_t const key = n_block * kBlockN + int(get<0>(cS_rc(i, j)));
-            int64_t const row = row0 + int(get<1>(cS_rc(i, j)));
-            if (!msk.visible(row, key)) pr = 0.f;
-          }
-          s_rc(i, j) = pr;
-          dp_rc(i, j) = pr * (dp_rc(i, j) - dsum[j]) * grad;
+          float const d = s_dsum[int(get<1>(cS_rc(0, j)))];
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < kRowsK; ++i) dp_rc(i, j) = s_rc(i, j) * (dp_rc(i, j) - d);
         }
       }
       Tensor tPr16 = make_tensor<Element>(tSrS.layout());
@@ -297,10 +347,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       // dS^T -> smem (as dS, keys contiguous) for dQ = dS K over all keys of the block.
       {
         Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdSt{});
-        Tensor tdSs = thr_sdp.partition_C(sdSt);
+        Tensor tdSs = recast<uint32_t>(thr_sdp.partition_C(sdSt));
+        Tensor tdSr32 = recast<uint32_t>(tdSr16);
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(tdSr16); ++i) tdSs(i) = tdSr16(i);
+        for (int i = 0; i < size(tdSr32); ++i) {  // st.shared: the recast view alone compiles to generic stores
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(cute::cast_smem_ptr_to_uint(&tdSs(i))), "r"(tdSr32(i)));
+        }
       }
+      // The previous step's dQ reduce must have read ss.dq before anyone rewrites it.
+      if (tidx % 128 == 0) tma_store_wait<0>();
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(T::kMmaThreads, kBwdBarDS);
       Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdS{});
@@ -311,15 +366,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       pipe_q.consumer_release(rd);
       pipe_do.consumer_release(rd);
       ++rd;
-      // dQ partial -> dq_accum (fp32 vector reductions, fire and forget).
-      float* acc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * kp.acc_rows + row0) * kp.acc_cols;
+      // dQ partial -> smem -> one bulk reduce-add per WG into dq_accum (rows past seqlen_q
+      // add zeros: P is 0 there).
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(tdQrdQ); i += 2) {
-        int const r = int(get<0>(cdQ(i))), c = int(get<1>(cdQ(i)));
-        if (row0 + r < p.seqlen_q)
-          atomicAdd(reinterpret_cast<float2*>(acc + int64_t(r) * kp.acc_cols + c), make_float2(tdQrdQ(i), tdQrdQ(i + 1)));
+      for (int i = 0; i < T::kdQFrag; i += 4)
+        *reinterpret_cast<float4*>(ss.dq.data() + dq_frag_offset<T>(tidx, i)) =
+            make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(128, kBwdBarDQ + wg);
+      if (tidx % 128 == 0) {
+        float* acc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * kp.acc_rows + row0) * kp.acc_cols;
+        bulk_reduce_add_f32(acc + wg * T::kdQWGFloats, ss.dq.data() + wg * T::kdQWGFloats, T::kdQWGFloats * sizeof(float));
+        tma_store_arrive();
       }
     }
+    if (tidx % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
 
   // Epilogue: dK = scale * dS^T Q, dV; keys past seqlen_k are dropped.
@@ -343,16 +404,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   }
 }
 
-// D = rowsum(dO * O) in fp32, one warp per (b, t, h) row.
+// Row statistics into the padded [batch, heads_q, seqlen_q_rounded] workspaces, one warp per
+// (b, t, h) row: dsum = rowsum(dO * O) (fp32), lse_log2 = lse * log2(e). Padded rows and rows
+// with no visible key get dsum = 0 and lse_log2 = +inf, so the main kernel's P is 0 there.
 template <class Element>
-__global__ void flash_bwd_dot_do_o_kernel_sm90(const FlashBwdParams p) {
+__global__ void flash_bwd_row_stats_kernel_sm90(const FlashBwdParams p) {
   int64_t const row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   int const lane = threadIdx.x % 32;
-  int64_t const nrows = int64_t(p.batch) * p.seqlen_q * p.heads_q;
+  int64_t const nrows = int64_t(p.batch) * p.seqlen_q_rounded * p.heads_q;
   if (row >= nrows) return;
   int const h = int(row % p.heads_q);
-  int64_t const t = (row / p.heads_q) % p.seqlen_q;
-  int const b = int(row / (int64_t(p.heads_q) * p.seqlen_q));
+  int64_t const t = (row / p.heads_q) % p.seqlen_q_rounded;
+  int const b = int(row / (int64_t(p.heads_q) * p.seqlen_q_rounded));
+  int64_t const out = row_stats_offset(p, b, h) + t;
+  if (t >= p.seqlen_q) {
+    if (lane == 0) { p.dsum[out] = 0.f; p.lse_log2[out] = INFINITY; }
+    return;
+  }
   auto const* o = static_cast<Element const*>(p.o) + b * p.o_batch_stride + t * p.o_row_stride + h * p.o_head_stride;
   auto const* d = static_cast<Element const*>(p.dout) + b * p.do_batch_stride + t * p.do_row_stride + h * p.do_head_stride;
   float s = 0.f;
@@ -363,27 +431,37 @@ __global__ void flash_bwd_dot_do_o_kernel_sm90(const FlashBwdParams p) {
   }
   CUTLASS_PRAGMA_UNROLL
   for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffff, s, off);
-  if (lane == 0) p.dsum[(int64_t(b) * p.heads_q + h) * p.seqlen_q + t] = s;
+  if (lane == 0) {
+    float const l = p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + t];
+    p.dsum[out] = s;
+    p.lse_log2[out] = l == -INFINITY ? INFINITY : l * 1.44269504088896340736f;
+  }
 }
 
-// dq = scale * dq_accum in the input dtype, two elements per thread.
-template <class Element>
+// dq = scale * dq_accum in the input dtype. One CTA per (row block, q head, batch); thread t
+// reads back exactly the fragment consumer thread t reduced (dq_frag_offset), float4 at a time.
+template <class T>
 __global__ void flash_bwd_convert_dq_kernel_sm90(const FlashBwdParams p, int64_t acc_rows, int64_t acc_cols) {
-  int const half = p.head_dim / 2;
-  int64_t const n = int64_t(p.batch) * p.seqlen_q * p.heads_q * half;
+  using Element = typename T::Element;
+  int const m = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
+  typename T::TiledMmadQ mma_dq;
+  Tensor c = mma_dq.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}));
+  float const* acc = p.dq_accum + ((int64_t(b) * p.heads_q + h) * acc_rows + int64_t(m) * T::kBlockM) * acc_cols;
+  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride;
   cutlass::NumericArrayConverter<Element, float, 2> cvt;
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
-    int const c = int(idx % half) * 2;
-    int64_t r = idx / half;
-    int const h = int(r % p.heads_q);
-    r /= p.heads_q;
-    int64_t const t = r % p.seqlen_q;
-    int const b = int(r / p.seqlen_q);
-    float2 a = *reinterpret_cast<float2 const*>(p.dq_accum + ((int64_t(b) * p.heads_q + h) * acc_rows + t) * acc_cols + c);
-    cutlass::Array<float, 2> v;
-    v[0] = a.x * p.scale; v[1] = a.y * p.scale;
-    *reinterpret_cast<cutlass::Array<Element, 2>*>(static_cast<Element*>(p.dq) + b * p.dq_batch_stride + t * p.dq_row_stride +
-                                                   h * p.dq_head_stride + c) = cvt(v);
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < T::kdQFrag; i += 4) {
+    float4 const a = *reinterpret_cast<float4 const*>(acc + dq_frag_offset<T>(t, i));
+    float const v[4] = {a.x, a.y, a.z, a.w};
+    CUTLASS_PRAGMA_UNROLL
+    for (int e = 0; e < 4; e += 2) {  // accumulator pairs (i, i+1) are adjacent columns of one row
+      int64_t const r = int64_t(m) * T::kBlockM + int(get<0>(c(i + e)));
+      if (r < p.seqlen_q) {
+        cutlass::Array<float, 2> x;
+        x[0] = v[e] * p.scale; x[1] = v[e + 1] * p.scale;
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(dq + r * p.dq_row_stride + int(get<1>(c(i + e)))) = cvt(x);
+      }
+    }
   }
 }
 

@@ -1,5 +1,5 @@
-// Host side of one sm90 backward instantiation: zero dq_accum, D = rowsum(dO*O), the main
-// kernel (TMA descriptors built here), dq = scale*dq_accum. No allocation, no host sync.
+// Host side of one sm90 backward instantiation: zero dq_accum, row statistics (D, lse*log2e),
+// the main kernel (TMA descriptors built here), dq = scale*dq_accum. No allocation, no host sync.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,6 +10,7 @@ namespace jax_flash::sm90 {
 
 template <int kHeadDim>
 struct BwdTileConfig;
+template <> struct BwdTileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2; };
 template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, Stages = 2; };
 
 template <class Traits, bool Softcap>
@@ -20,18 +21,21 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   kp.p = p;
   kp.acc_rows = p.seqlen_q_rounded > 0 ? p.seqlen_q_rounded : dq_accum_rows(p.seqlen_q);
   kp.acc_cols = p.head_dim_rounded > 0 ? p.head_dim_rounded : dq_accum_cols(p.head_dim);
-  // The kernel writes whole 64-row blocks (rows < seqlen_q only) and head_dim columns.
-  if (kp.acc_rows < p.seqlen_q || kp.acc_cols < p.head_dim || kp.acc_cols % 2) return cudaErrorNotSupported;
+  // dq_accum: whole kBlockM-row blocks of kBlockM * head_dim floats (fragment order); the
+  // row statistics are read in kBlockM-row, 16-byte aligned pieces.
+  if (kp.acc_rows < p.seqlen_q || kp.acc_rows % T::kBlockM || kp.acc_cols < p.head_dim || kp.acc_cols % 4 ||
+      p.seqlen_q_rounded != kp.acc_rows)
+    return cudaErrorNotSupported;
   int const n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
-  if (p.heads_kv > 65535 || p.batch > 65535) return cudaErrorNotSupported;
+  if (p.heads_q > 65535 || p.batch > 65535) return cudaErrorNotSupported;
 
   cudaError_t err = cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * int64_t(p.batch) * p.heads_q * kp.acc_rows * kp.acc_cols, stream);
   if (err != cudaSuccess) return err;
   {
-    int64_t rows = int64_t(p.batch) * p.seqlen_q * p.heads_q;
+    int64_t rows = int64_t(p.batch) * p.seqlen_q_rounded * p.heads_q;
     int64_t blocks = (rows + 7) / 8;
     if (blocks > 0x7fffffff) return cudaErrorNotSupported;
-    flash_bwd_dot_do_o_kernel_sm90<Element><<<unsigned(blocks), 256, 0, stream>>>(p);
+    flash_bwd_row_stats_kernel_sm90<Element><<<unsigned(blocks), 256, 0, stream>>>(p);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
@@ -63,14 +67,18 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   constexpr int smem = T::kSmemBytes;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(unsigned(n_blocks), unsigned(p.heads_kv), unsigned(p.batch)), dim3(T::kThreads), smem, stream>>>(kp);
+  // Long causal / right-bounded problems: longest key blocks first, so the longest CTAs do not
+  // start last (the tail). Short ones keep a head's key blocks adjacent (Q/dO reuse in L2).
+  kp.key_blocks_slowest = (p.causal || p.window_right >= 0) && p.seqlen_k >= 2048 && n_blocks <= 65535;
+  dim3 const grid = kp.key_blocks_slowest ? dim3(unsigned(p.heads_kv), unsigned(p.batch), unsigned(n_blocks))
+                                          : dim3(unsigned(n_blocks), unsigned(p.heads_kv), unsigned(p.batch));
+  kernel<<<grid, dim3(T::kThreads), smem, stream>>>(kp);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
-  int64_t n = int64_t(p.batch) * p.seqlen_q * p.heads_q * (p.head_dim / 2);
-  int64_t blocks = (n + 255) / 256;
-  if (blocks > 16384) blocks = 16384;
-  flash_bwd_convert_dq_kernel_sm90<Element><<<unsigned(blocks), 256, 0, stream>>>(p, kp.acc_rows, kp.acc_cols);
+  int const m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  flash_bwd_convert_dq_kernel_sm90<T><<<dim3(unsigned(m_blocks), unsigned(p.heads_q), unsigned(p.batch)), T::kMmaThreads, 0, stream>>>(
+      p, kp.acc_rows, kp.acc_cols);
   return cudaGetLastError();
 }
 

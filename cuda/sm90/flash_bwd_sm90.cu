@@ -12,10 +12,11 @@ cudaError_t flash_bwd_sm90_hdim(const FlashBwdParams& p, cudaStream_t stream);
 
 cudaError_t flash_bwd_sm90(const FlashBwdParams& p, cudaStream_t stream) {
   if (p.deterministic) return cudaErrorNotSupported;  // sm80 has the deterministic mode
-  if (p.head_dim != 128 || !sm90::fwd_operands_ok(p)) return cudaErrorNotSupported;
-  if (!p.dq_accum || !p.dsum || !p.lse) return cudaErrorNotSupported;
+  if ((p.head_dim != 64 && p.head_dim != 128) || !sm90::fwd_operands_ok(p)) return cudaErrorNotSupported;
+  if (!p.dq_accum || !p.dsum || !p.lse || !p.lse_log2) return cudaErrorNotSupported;
   for (const void* ptr : {p.dout, static_cast<const void*>(p.dq), static_cast<const void*>(p.dk),
-                          static_cast<const void*>(p.dv), static_cast<const void*>(p.dq_accum)})
+                          static_cast<const void*>(p.dv), static_cast<const void*>(p.dq_accum),
+                          static_cast<const void*>(p.dsum), static_cast<const void*>(p.lse_log2)})
     if (!sm90::aligned16(ptr)) return cudaErrorNotSupported;
   for (int64_t s : {p.do_batch_stride, p.do_row_stride, p.do_head_stride, p.dq_batch_stride, p.dq_row_stride,
                     p.dq_head_stride, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, p.dv_batch_stride,
@@ -23,6 +24,8 @@ cudaError_t flash_bwd_sm90(const FlashBwdParams& p, cudaStream_t stream) {
     if (!sm90::tma_stride_ok(s)) return cudaErrorNotSupported;
   if (!sm90::on_sm90()) return cudaErrorNotSupported;
   const bool bf16 = p.dtype == DType::kBFloat16;
+  if (p.head_dim == 64)
+    return bf16 ? flash_bwd_sm90_hdim<64, DType::kBFloat16>(p, stream) : flash_bwd_sm90_hdim<64, DType::kFloat16>(p, stream);
   return bf16 ? flash_bwd_sm90_hdim<128, DType::kBFloat16>(p, stream) : flash_bwd_sm90_hdim<128, DType::kFloat16>(p, stream);
 }
 

@@ -206,7 +206,7 @@ static bool run_case(const Case& c, std::mt19937& rng) {
   CK(cudaMalloc(&d.q, nq * 2)); CK(cudaMalloc(&d.k, nk * 2)); CK(cudaMalloc(&d.v, nk * 2)); CK(cudaMalloc(&d.o, nq * 2));
   CK(cudaMalloc(&d.dO, nq * 2)); CK(cudaMalloc(&d.dq, nq * 2)); CK(cudaMalloc(&d.dk, nk * 2)); CK(cudaMalloc(&d.dv, nk * 2));
   const size_t nl = size_t(c.B) * c.Nq * c.T;
-  CK(cudaMalloc(&d.lse, nl * 4)); CK(cudaMalloc(&d.dsum, nl * 4));
+  CK(cudaMalloc(&d.lse, nl * 4)); CK(cudaMalloc(&d.dsum, size_t(c.B) * c.Nq * dq_accum_rows(c.T) * 4));
   const size_t nacc = size_t(c.B) * c.Nq * dq_accum_rows(c.T) * dq_accum_cols(c.H);
   CK(cudaMalloc(&d.dqacc, nacc * 4)); CK(cudaMalloc(&d.qlens, c.B * 4)); CK(cudaMalloc(&d.kvlens, c.B * 4));
   CK(cudaMemcpy(d.q, hq.data(), nq * 2, cudaMemcpyHostToDevice)); CK(cudaMemcpy(d.k, hk.data(), nk * 2, cudaMemcpyHostToDevice));
@@ -258,7 +258,7 @@ static void bench(int B, int T, int N, int H, bool causal, bool bf16) {
   Dev d;
   CK(cudaMalloc(&d.q, n * 2)); CK(cudaMalloc(&d.k, n * 2)); CK(cudaMalloc(&d.v, n * 2)); CK(cudaMalloc(&d.o, n * 2));
   CK(cudaMalloc(&d.dO, n * 2)); CK(cudaMalloc(&d.dq, n * 2)); CK(cudaMalloc(&d.dk, n * 2)); CK(cudaMalloc(&d.dv, n * 2));
-  CK(cudaMalloc(&d.lse, nl * 4)); CK(cudaMalloc(&d.dsum, nl * 4));
+  CK(cudaMalloc(&d.lse, nl * 4)); CK(cudaMalloc(&d.dsum, size_t(B) * N * dq_accum_rows(T) * 4));
   CK(cudaMalloc(&d.dqacc, size_t(B) * N * dq_accum_rows(T) * dq_accum_cols(H) * 4));
   g_bf16 = bf16;
   std::vector<uint16_t> h(n); std::mt19937 rng(1); std::normal_distribution<float> nd(0.f, 1.f);

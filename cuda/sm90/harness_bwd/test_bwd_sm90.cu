@@ -30,6 +30,7 @@ struct Case {
   const char* name;
   int B, T, S, Nq, Nkv;
   bool bf16 = true;
+  int H = 128;
   bool causal = false, bottom_right = false;
   int wl = -1, wr = -1;
   float softcap = 0.f;
@@ -47,7 +48,7 @@ static void parallel_for(int n, const std::function<void(int)>& f) {
 }
 
 static bool run_case(const Case& c, uint64_t seed) {
-  const int H = 128;
+  const int H = c.H;
   const bool bf = c.bf16;
   FlashBwdParams p;
   p.batch = c.B; p.seqlen_q = c.T; p.seqlen_k = c.S; p.heads_q = c.Nq; p.heads_kv = c.Nkv; p.head_dim = H;
@@ -129,11 +130,12 @@ static bool run_case(const Case& c, uint64_t seed) {
 
   // Device.
   void *dq_in, *dk_in, *dv_in, *do_in, *o_in, *dq, *dk, *dv;
-  float *dlse, *ddsum, *dacc; int *dql = nullptr, *dkl = nullptr;
+  float *dlse, *ddsum, *dlse2, *dacc; int *dql = nullptr, *dkl = nullptr;
   CK(cudaMalloc(&dq_in, nq * 2)); CK(cudaMalloc(&dk_in, nk * 2)); CK(cudaMalloc(&dv_in, nk * 2));
   CK(cudaMalloc(&do_in, nq * 2)); CK(cudaMalloc(&o_in, nq * 2));
   CK(cudaMalloc(&dq, nq * 2)); CK(cudaMalloc(&dk, nk * 2)); CK(cudaMalloc(&dv, nk * 2));
-  CK(cudaMalloc(&dlse, hl.size() * 4)); CK(cudaMalloc(&ddsum, hl.size() * 4));
+  size_t const n_stats = size_t(c.B) * c.Nq * p.seqlen_q_rounded;
+  CK(cudaMalloc(&dlse, hl.size() * 4)); CK(cudaMalloc(&ddsum, n_stats * 4)); CK(cudaMalloc(&dlse2, n_stats * 4));
   size_t acc_n = size_t(c.B) * c.Nq * p.seqlen_q_rounded * p.head_dim_rounded;
   CK(cudaMalloc(&dacc, acc_n * 4));
   CK(cudaMemcpy(dq_in, hq.data(), nq * 2, cudaMemcpyHostToDevice));
@@ -143,11 +145,11 @@ static bool run_case(const Case& c, uint64_t seed) {
   CK(cudaMemcpy(o_in, ho.data(), nq * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dlse, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemset(dq, 0x7f, nq * 2)); CK(cudaMemset(dk, 0x7f, nk * 2)); CK(cudaMemset(dv, 0x7f, nk * 2));
-  CK(cudaMemset(dacc, 0x7f, acc_n * 4)); CK(cudaMemset(ddsum, 0x7f, hl.size() * 4));
+  CK(cudaMemset(dacc, 0x7f, acc_n * 4)); CK(cudaMemset(ddsum, 0x7f, n_stats * 4)); CK(cudaMemset(dlse2, 0x7f, n_stats * 4));
   if (!c.q_lens.empty()) { CK(cudaMalloc(&dql, c.B * 4)); CK(cudaMemcpy(dql, c.q_lens.data(), c.B * 4, cudaMemcpyHostToDevice)); }
   if (!c.kv_lens.empty()) { CK(cudaMalloc(&dkl, c.B * 4)); CK(cudaMemcpy(dkl, c.kv_lens.data(), c.B * 4, cudaMemcpyHostToDevice)); }
   p.q = dq_in; p.k = dk_in; p.v = dv_in; p.o = o_in; p.lse = dlse; p.dout = do_in;
-  p.dq = dq; p.dk = dk; p.dv = dv; p.dsum = ddsum; p.dq_accum = dacc; p.q_lens = dql; p.kv_lens = dkl;
+  p.dq = dq; p.dk = dk; p.dv = dv; p.dsum = ddsum; p.lse_log2 = dlse2; p.dq_accum = dacc; p.q_lens = dql; p.kv_lens = dkl;
   cudaError_t err = flash_bwd_sm90(p, 0);
   if (err == cudaSuccess) err = cudaDeviceSynchronize();
   std::vector<uint16_t> gq(nq), gk(nk), gv(nk);
@@ -157,7 +159,7 @@ static bool run_case(const Case& c, uint64_t seed) {
     CK(cudaMemcpy(gv.data(), dv, nk * 2, cudaMemcpyDeviceToHost));
   }
   for (void* x : {dq_in, dk_in, dv_in, do_in, o_in, dq, dk, dv}) cudaFree(x);
-  cudaFree(dlse); cudaFree(ddsum); cudaFree(dacc); if (dql) cudaFree(dql); if (dkl) cudaFree(dkl);
+  cudaFree(dlse); cudaFree(ddsum); cudaFree(dlse2); cudaFree(dacc); if (dql) cudaFree(dql); if (dkl) cudaFree(dkl);
   if (err != cudaSuccess) {
     printf("%-34s FAIL (launch: %s)\n", c.name, cudaGetErrorString(err));
     return false;
@@ -241,16 +243,17 @@ static bool run_case(const Case& c, uint64_t seed) {
   return ok;
 }
 
-static double bench(int S, bool causal, int reps) {
-  const int H = 128, B = 16384 / S, N = 2048 / H;
+static double bench(int H, int S, bool causal, int reps) {
+  const int B = 16384 / S, N = 2048 / H;
   FlashBwdParams p;
   p.batch = B; p.seqlen_q = S; p.seqlen_k = S; p.heads_q = N; p.heads_kv = N; p.head_dim = H;
   p.dtype = DType::kBFloat16; p.scale = 1.f / std::sqrt(float(H)); p.causal = causal; p.window_right = causal ? 0 : -1;
   size_t n = size_t(B) * S * N * H;
-  void *q, *k, *v, *o, *dO, *dq, *dk, *dv; float *lse, *dsum, *acc;
+  void *q, *k, *v, *o, *dO, *dq, *dk, *dv; float *lse, *dsum, *lse2, *acc;
   for (void** x : {&q, &k, &v, &o, &dO, &dq, &dk, &dv}) CK(cudaMalloc(x, n * 2));
-  CK(cudaMalloc(&lse, size_t(B) * N * S * 4)); CK(cudaMalloc(&dsum, size_t(B) * N * S * 4));
   p.seqlen_q_rounded = int(dq_accum_rows(S)); p.head_dim_rounded = int(dq_accum_cols(H));
+  CK(cudaMalloc(&lse, size_t(B) * N * S * 4)); CK(cudaMalloc(&dsum, size_t(B) * N * p.seqlen_q_rounded * 4));
+  CK(cudaMalloc(&lse2, size_t(B) * N * p.seqlen_q_rounded * 4));
   CK(cudaMalloc(&acc, size_t(B) * N * p.seqlen_q_rounded * p.head_dim_rounded * 4));
   std::vector<uint16_t> h(n);
   std::mt19937 g(1);
@@ -259,7 +262,7 @@ static double bench(int S, bool causal, int reps) {
   for (void* x : {q, k, v, o, dO}) CK(cudaMemcpy(x, h.data(), n * 2, cudaMemcpyHostToDevice));
   std::vector<float> hl(size_t(B) * N * S, 12.f);  // safe stand-in: exp(s - 12) stays finite
   CK(cudaMemcpy(lse, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));
-  p.q = q; p.k = k; p.v = v; p.o = o; p.dout = dO; p.dq = dq; p.dk = dk; p.dv = dv; p.lse = lse; p.dsum = dsum; p.dq_accum = acc;
+  p.q = q; p.k = k; p.v = v; p.o = o; p.dout = dO; p.dq = dq; p.dk = dk; p.dv = dv; p.lse = lse; p.dsum = dsum; p.lse_log2 = lse2; p.dq_accum = acc;
   p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = p.do_batch_stride = p.dq_batch_stride =
       p.dk_batch_stride = p.dv_batch_stride = int64_t(S) * N * H;
   p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = p.do_row_stride = p.dq_row_stride = p.dk_row_stride =
@@ -285,17 +288,19 @@ static double bench(int S, bool causal, int reps) {
   double ms = ts[ts.size() / 2];
   double flops = 2.5 * 4.0 * B * N * double(S) * S * H / (causal ? 2 : 1);
   for (void* x : {q, k, v, o, dO, dq, dk, dv}) cudaFree(x);
-  cudaFree(lse); cudaFree(dsum); cudaFree(acc);
+  cudaFree(lse); cudaFree(dsum); cudaFree(lse2); cudaFree(acc);
   return flops / (ms * 1e-3) / 1e12;
 }
 
 int main(int argc, char** argv) {
   bool do_test = true, do_bench = true;
-  int only = -1;
+  int only = -1, only_h = 0, only_s = 0;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--no-bench")) do_bench = false;
     if (!strcmp(argv[i], "--no-test")) do_test = false;
     if (!strncmp(argv[i], "--case=", 7)) only = atoi(argv[i] + 7);
+    if (!strncmp(argv[i], "--h=", 4)) only_h = atoi(argv[i] + 4);  // bench one head dim (e.g. under ncu)
+    if (!strncmp(argv[i], "--s=", 4)) only_s = atoi(argv[i] + 4);  // bench one seqlen
   }
   int fails = 0, total = 0;
   if (do_test) {
@@ -321,6 +326,12 @@ int main(int argc, char** argv) {
     c = {"fp16 causal-br T1000 S97", 1, 1000, 97, 2, 2}; c.bf16 = false; c.causal = true; c.bottom_right = true; cs.push_back(c);
     c = {"fp16 softcap30 window T97 S1000", 1, 97, 1000, 4, 1}; c.bf16 = false; c.softcap = 30.f; c.wl = 300; c.wr = 0;
     c.q_offset = 600; cs.push_back(c);
+    // Head dim 64: the same mask features through the other instantiation.
+    c = {"h64 nc T97 S1000 gqa4", 2, 97, 1000, 4, 1}; c.H = 64; cs.push_back(c);
+    c = {"h64 causal-br T1000 S97", 1, 1000, 97, 2, 2}; c.H = 64; c.causal = true; c.bottom_right = true; cs.push_back(c);
+    c = {"h64 lens window T97 S1000", 3, 97, 1000, 2, 2}; c.H = 64; c.q_lens = {97, 40, 1}; c.kv_lens = {997, 0, 130};
+    c.wl = 200; c.wr = 10; cs.push_back(c);
+    c = {"h64 fp16 softcap30 causal T128 S128", 1, 128, 128, 2, 2}; c.H = 64; c.bf16 = false; c.softcap = 30.f; c.causal = true; cs.push_back(c);
     uint64_t seed = 1;
     for (int i = 0; i < int(cs.size()); ++i) {
       if (only >= 0 && i != only) continue;
@@ -331,12 +342,17 @@ int main(int argc, char** argv) {
   }
   if (do_bench) {
     const int Ss[3] = {1024, 4096, 16384};
-    printf("\nbwd H=128 bf16 TFLOP/s | S=1k | S=4k | S=16k   (sm80 bwd ~190; cudnn 500-530; fa3 550-600)\n");
-    for (int causal = 0; causal < 2; ++causal) {
-      printf("causal=%-3s            |", causal ? "yes" : "no");
-      for (int si = 0; si < 3; ++si) { printf(" %5.0f |", bench(Ss[si], causal, 7)); fflush(stdout); }
-      printf("\n");
-    }
+    printf("\nbwd bf16 TFLOP/s        | S=1k  | S=4k  | S=16k |\n");
+    for (int H : {64, 128})
+      for (int causal = 0; causal < 2; ++causal) {
+        if (only_h && H != only_h) continue;
+        printf("H=%-3d causal=%-3s      |", H, causal ? "yes" : "no");
+        for (int si = 0; si < 3; ++si) {
+          if (only_s && Ss[si] != only_s) { printf("   -   |"); continue; }
+          printf(" %5.0f |", bench(H, Ss[si], causal, 7)); fflush(stdout);
+        }
+        printf("\n");
+      }
   }
   return fails ? 1 : 0;
 }
