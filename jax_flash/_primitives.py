@@ -127,7 +127,11 @@ def _bwd_local_lowering(ctx, *args, spec, platform):
     stats = jax.core.ShapedArray(acc_shape[:3], jnp.float32)
     workspaces = [stats]  # dsum = rowsum(dO * O), padded rows
     if platform == "cuda":
-        workspaces += [stats, jax.core.ShapedArray(acc_shape, jnp.float32)]  # lse * log2(e), dQ accumulator
+        workspaces += [
+            stats,  # lse * log2(e)
+            jax.core.ShapedArray((*acc_shape[:2], acc_shape[2] // 64), jnp.int32),  # dQ turn counters
+            jax.core.ShapedArray(acc_shape, jnp.float32),  # dQ accumulator
+        ]
     ctx = ctx.replace(avals_out=[*ctx.avals_out, *workspaces])
     results = jax.ffi.ffi_lowering(_ffi.BWD_TARGET)(ctx, *args, **spec.ffi_attrs())
     return results[:3]

@@ -78,6 +78,8 @@ struct FlashBwdParams : FlashFwdParams {
   float* dsum = nullptr;      // [batch, heads_q, seqlen_q_rounded]: rowsum(dO * O)
   float* lse_log2 = nullptr;  // GPU only: [batch, heads_q, seqlen_q_rounded]: lse * log2(e), +inf on
                               // empty and padded rows (P = 0 there); 16B-aligned rows for TMA (sm90)
+  int* dq_semaphore = nullptr;  // GPU only: [batch, heads_q, seqlen_q_rounded / 64] dQ turn counters
+                                // of the deterministic sm90 backward (zeroed by its preprocess)
   float* dq_accum = nullptr;  // GPU only: fp32 dQ accumulator, layout [batch, heads_q, seqlen_q_rounded, head_dim_rounded]
   int seqlen_q_rounded = 0;
   int head_dim_rounded = 0;

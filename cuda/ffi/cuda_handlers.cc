@@ -71,7 +71,7 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
                    ffi::AnyBuffer kv_lens, FlashAttrs attrs, ffi::Result<ffi::AnyBuffer> dq,
                    ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                    ffi::Result<ffi::AnyBuffer> dsum, ffi::Result<ffi::AnyBuffer> lse_log2,
-                   ffi::Result<ffi::AnyBuffer> dq_accum) {
+                   ffi::Result<ffi::AnyBuffer> dq_semaphore, ffi::Result<ffi::AnyBuffer> dq_accum) {
   FlashBwdParams p;
   if (auto e = fill_bwd_params(q, k, v, o, lse, dout, q_lens, kv_lens, attrs, &p); e.failure()) return e;
   if (auto e = check_gpu_supported(p); e.failure()) return e;
@@ -80,12 +80,13 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.dv = dv->untyped_data();
   p.dsum = static_cast<float*>(dsum->untyped_data());
   p.lse_log2 = static_cast<float*>(lse_log2->untyped_data());
+  p.dq_semaphore = static_cast<int*>(dq_semaphore->untyped_data());
   p.dq_accum = static_cast<float*>(dq_accum->untyped_data());
   if (attrs.kernel == kHopper && !want_hopper(attrs.kernel))
     return ffi::Error::InvalidArgument("jax_flash: kernel='hopper' requested but the sm90 kernels were not built");
 #ifdef JAX_FLASH_WITH_SM90
-  // The Hopper backward covers head_dim 64 and 128 without the deterministic mode; other
-  // configurations take the portable backward even under kernel='hopper'.
+  // The Hopper backward covers head_dim 64 and 128; other head dims take the portable
+  // backward even under kernel='hopper'.
   if (want_hopper(attrs.kernel)) {
     cudaError_t err = flash_bwd_sm90(p, stream);
     if (err != cudaErrorNotSupported) return to_ffi(err, "flash_bwd_sm90");
@@ -104,5 +105,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashFwdCuda, jax_flash::FwdCuda,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBwdCuda, jax_flash::BwdCuda,
                               jax_flash::bind_bwd(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>())
                                   .Ret<ffi::AnyBuffer>()   // workspace: lse_log2 float32 [B, N, rows]
+                                  .Ret<ffi::AnyBuffer>()   // workspace: dq_semaphore int32 [B, N, rows / 64]
                                   .Ret<ffi::AnyBuffer>(),  // workspace: dq_accum float32 [B, N, rows, cols]
                               {ffi::Traits::kCmdBufferCompatible});

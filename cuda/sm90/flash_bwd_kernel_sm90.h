@@ -1,24 +1,30 @@
-// sm90 (Hopper) FlashAttention backward: FlashAttention-3 style, one CTA per key block.
-//   warpgroup 0   : producer; one thread loads K, V once (TMA) and streams Q / dO blocks of
-//                   kBlockM query rows through a kStages mbarrier ring (TMA).
+// sm90 (Hopper) FlashAttention backward: FlashAttention-3 style. A tile is one key block of one
+// kv head; a CTA runs one tile (or, persistent, several in snake order).
+//   warpgroup 0   : producer; one thread loads the tile's K, V (TMA, once per tile, after the
+//                   consumers released the previous ones) and streams Q / dO blocks of kBlockM
+//                   query rows, with their lse / D rows, through a kStages mbarrier ring.
 //   warpgroups 1-2: consumers; WG w owns keys [64w, 64w+64) of the block:
-//       S^T  = K Q^T, dP^T = V dO^T           (wgmma SS, 64 keys x 64 rows per WG)
-//       P^T  = exp2(S^T*scale*log2e - lse*log2e), dS^T = P^T (dP^T - D) [* softcap grad]
+//       S^T  = K Q^T, dP^T = V dO^T           (wgmma SS, 64 keys x kBlockM rows per WG)
+//       P^T  = exp2(S^T*scale*log2e - lse*log2e) while dP^T is in flight,
+//       dS^T = P^T (dP^T - D) [* softcap grad]
 //       dV  += P^T dO, dK += dS^T Q           (wgmma RS: P^T / dS^T straight from registers)
-//       dS^T -> smem (double buffer), named barrier, dQ = dS K (wgmma SS, hdim split over WGs)
-//       dQ -> smem (fragment order), one bulk reduce-add (cp.reduce.async.bulk) per WG into
-//       dq_accum: no per-thread atomics, and the smem writes and the reduce stay contiguous.
+//       dS^T -> smem (MN-major dS, double buffer), named barrier, dQ = dS K (wgmma SS, head_dim
+//       split over WGs); dQ -> smem (fragment order), one bulk reduce-add (cp.reduce.async.bulk)
+//       per WG into dq_accum: no per-thread atomics, contiguous smem writes and reduce.
 //   lse (log2 domain) and D = rowsum(dO*O) ride with Q and dO: the producer bulk-copies their
 //   padded rows into the same pipeline stage, so consumers read them from smem when needed
 //   instead of holding 2 x 16 registers across the GEMMs.
-//   dK / dV live in registers for the whole CTA (all q heads of a GQA group are looped here,
-//   so no atomics for dK / dV).
-// Preprocess (D, lse*log2e into padded rows) and postprocess (dq = scale*dq_accum) kernels are below.
+//   dK / dV live in registers for the whole tile (all q heads of a GQA group are looped here,
+//   so no atomics for dK / dV). Deterministic variant: per (q head, row block) turn counters
+//   order the dQ reduce-adds by key block.
+// Preprocess (D, lse*log2e into padded rows, zeroed dq_accum) and postprocess (dq =
+// scale*dq_accum) kernels are at the end.
 #pragma once
 
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "../common/mask.h"
+#include "scheduler.h"
 #include "traits.h"
 #include "utils.h"
 
@@ -100,7 +106,8 @@ struct BwdTraits {
     cute::array_aligned<float, kBlockM * kHeadDim, 128> dq;
     alignas(16) float lse[kStages][kBlockM];   // lse * log2(e)
     alignas(16) float dsum[kStages][kBlockM];  // rowsum(dO * O)
-    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;  // K, V of the tile landed
+    alignas(16) cutlass::arch::ClusterBarrier barrier_kv_empty;         // consumers done with them
     alignas(16) typename Pipeline::SharedStorage pipe_q;
     alignas(16) typename Pipeline::SharedStorage pipe_do;
   };
@@ -117,10 +124,27 @@ struct BwdKernelParams {
   float scale_log2;    // multiplier of the raw (or tanh) logit in the exp2 domain
   float softcap_mult;  // scale / softcap (tanh argument), softcap variant only
   int64_t acc_rows, acc_cols;
-  // Grid (heads_kv, batch, key blocks) instead of (key blocks, heads_kv, batch): the hardware
-  // then starts every head's first key blocks (the longest under causal masks) first.
-  bool key_blocks_slowest;
+  // Tiles are (key block, kv head, batch); linear tile order from get_tile (scheduler.h).
+  // longest_first: every head's first key blocks (the longest under causal masks) come first.
+  int num_n_blocks, num_bh, num_tiles;
+  bool longest_first;
 };
+
+template <class Traits>
+__forceinline__ __device__ TileCoord bwd_tile(BwdKernelParams<Traits> const& kp, int linear) {
+  TileCoord t = get_tile(linear, kp.num_n_blocks, kp.num_bh, kp.p.heads_kv, kp.longest_first);
+  if (kp.longest_first) t.m_block = kp.num_n_blocks - 1 - t.m_block;  // key blocks: first is longest
+  return t;
+}
+
+// Query row blocks [m_min, m_min + nm) that key block n_block can see.
+template <int kBlockM, int kBlockN>
+__forceinline__ __device__ void row_block_range(SeqMask const& msk, int n_block, int& m_min, int& nm) {
+  int64_t r_lo, r_hi;
+  msk.row_range(int64_t(n_block) * kBlockN, int64_t(n_block + 1) * kBlockN, &r_lo, &r_hi);
+  m_min = r_hi > r_lo ? int(r_lo / kBlockM) : 0;
+  nm = r_hi > r_lo ? int((r_hi + kBlockM - 1) / kBlockM) - m_min : 0;
+}
 
 constexpr int kBwdBarDS = 7;   // both consumer WGs stored their dS^T half
 constexpr int kBwdBarDQ = 8;   // + wg: the WG stored its dQ fragment
@@ -130,6 +154,18 @@ constexpr int kBwdBarDQ = 8;   // + wg: the WG stored its dQ fragment
 template <class T>
 __forceinline__ __device__ int dq_frag_offset(int t, int i) {
   return (t / 128) * T::kdQWGFloats + (i / 4) * 512 + (t % 128) * 4 + (i % 4);
+}
+
+// Deterministic dQ: the reduce-adds into one (q head, row block) happen in key-block order.
+// The counter counts finished WG reduces; key block n waits for 2 * (n - first key block).
+__forceinline__ __device__ void dq_wait_turn(int const* sem, int target) {
+  int v;
+  // Bounded: a wrong turn count must never hang the GPU (it would only cost determinism).
+  for (int spin = 0; spin < (1 << 26); ++spin) {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(sem) : "memory");
+    if (v >= target) return;
+    __nanosleep(32);
+  }
 }
 
 __forceinline__ __device__ void bulk_reduce_add_f32(float* gmem, float const* smem, int bytes) {
@@ -145,7 +181,7 @@ __forceinline__ __device__ void bwd_consumer_wait(Pipe& pipe, State& st) {
   pipe.consumer_wait(st, tok);
 }  // named barrier: both consumer WGs wrote their dS^T half
 
-template <class Traits, bool Softcap>
+template <class Traits, bool Softcap, bool Deterministic>
 __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_constant__ const BwdKernelParams<Traits> kp) {
   using T = Traits;
   using Element = typename T::Element;
@@ -154,13 +190,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
   FlashBwdParams const& p = kp.p;
 
-  int const n_block = kp.key_blocks_slowest ? blockIdx.z : blockIdx.x;
-  int const h_kv = kp.key_blocks_slowest ? blockIdx.x : blockIdx.y;
-  int const b = kp.key_blocks_slowest ? blockIdx.y : blockIdx.z;
   int const warp_group = __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0);
   int const warp_in_wg = __shfl_sync(0xffffffff, (int(threadIdx.x) / 32) % 4, 0);
 
-  if (threadIdx.x == 0) ss.barrier_kv.init(1);
+  if (threadIdx.x == 0) {
+    ss.barrier_kv.init(1);
+    ss.barrier_kv_empty.init(T::kMmaThreads);
+  }
   typename T::Pipeline::Params pp;
   pp.role = warp_group == 0 ? T::Pipeline::ThreadCategory::Producer : T::Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
@@ -169,29 +205,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   typename T::Pipeline pipe_q(ss.pipe_q, pp, Shape<_1, _1, _1>{});
   typename T::Pipeline pipe_do(ss.pipe_do, pp, Shape<_1, _1, _1>{});
   __syncthreads();
-
-  SeqMask const msk = make_seq_mask(p, b);
-  int64_t r_lo, r_hi;
-  msk.row_range(int64_t(n_block) * kBlockN, int64_t(n_block + 1) * kBlockN, &r_lo, &r_hi);
-  int const m_min = r_hi > r_lo ? int(r_lo / kBlockM) : 0;
-  int const m_max = r_hi > r_lo ? int((r_hi + kBlockM - 1) / kBlockM) : 0;
-  int const nm = m_max - m_min;
   int const group = p.heads_q / p.heads_kv;
-  int const n_iters = nm * group;
 
+  // Tiles of this CTA: blockIdx.x, then (persistent launch) one per round in snake order.
+  // Tiles with no visible row load nothing and store zero dK / dV; `loaded` counts the others,
+  // which each take one phase of barrier_kv and barrier_kv_empty.
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
-    if (warp_in_wg == 0 && n_iters > 0 && threadIdx.x == 0) {
+    if (warp_in_wg == 0 && threadIdx.x == 0) {
       Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
       Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQ{});
       Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
       Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutK{});
       Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
       Tensor mdO = kp.tma_do.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
-      Tensor mK = kp.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch))(_, _, h_kv, b);
-      Tensor mV = kp.tma_v.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch))(_, _, h_kv, b);
-      Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
-      Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
+      Tensor mK_all = kp.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
+      Tensor mV_all = kp.tma_v.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
       auto cq = kp.tma_q.get_slice(_0{});
       auto cdo = kp.tma_do.get_slice(_0{});
       auto ck = kp.tma_k.get_slice(_0{});
@@ -199,29 +228,44 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       Tensor tQs = group_modes<0, 3>(cq.partition_D(sQ));    // (TMA, stage)
       Tensor tdOs = group_modes<0, 3>(cdo.partition_D(sdO));
       using BarrierT = cutlass::arch::ClusterTransactionBarrier::ValueType;
-      ss.barrier_kv.arrive_and_expect_tx(2 * T::kBytesK);
-      copy(kp.tma_k.with(reinterpret_cast<BarrierT&>(ss.barrier_kv), 0, TMA::CacheHintSm90::EVICT_FIRST),
-           ck.partition_S(gK), ck.partition_D(sK));
-      copy(kp.tma_v.with(reinterpret_cast<BarrierT&>(ss.barrier_kv), 0, TMA::CacheHintSm90::EVICT_FIRST),
-           cv.partition_S(gV), cv.partition_D(sV));
       auto wr = cutlass::make_producer_start_state<typename T::Pipeline>();
-      for (int it = 0; it < n_iters; ++it) {
-        int const hq = h_kv * group + it / nm;
-        int const m = m_min + it % nm;
-        Tensor gQ = local_tile(mQ(_, _, hq, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));
-        Tensor gdO = local_tile(mdO(_, _, hq, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));
-        int64_t const stats = row_stats_offset(p, b, hq) + int64_t(m) * kBlockM;
-        pipe_q.producer_acquire(wr);
-        copy(kp.tma_q.with(*pipe_q.producer_get_barrier(wr), 0, TMA::CacheHintSm90::EVICT_LAST),
-             group_modes<0, 3>(cq.partition_S(gQ)), tQs(_, wr.index()));
-        SM90_BULK_COPY_G2S::copy(p.lse_log2 + stats, pipe_q.producer_get_barrier(wr), ss.lse[wr.index()],
-                                 kBlockM * sizeof(float));
-        pipe_do.producer_acquire(wr);
-        copy(kp.tma_do.with(*pipe_do.producer_get_barrier(wr), 0, TMA::CacheHintSm90::EVICT_LAST),
-             group_modes<0, 3>(cdo.partition_S(gdO)), tdOs(_, wr.index()));
-        SM90_BULK_COPY_G2S::copy(p.dsum + stats, pipe_do.producer_get_barrier(wr), ss.dsum[wr.index()],
-                                 kBlockM * sizeof(float));
-        ++wr;
+      int loaded = 0;
+      for (int r = 0;; ++r) {
+        int const linear = snake_tile(r);
+        if (linear >= kp.num_tiles) break;
+        TileCoord const t = bwd_tile(kp, linear);
+        int m_min, nm;
+        row_block_range<kBlockM, kBlockN>(make_seq_mask(p, t.b), t.m_block, m_min, nm);
+        int const n_iters = nm * group;
+        if (n_iters == 0) continue;
+        // K / V are single-buffered: the previous tile's consumers must be done with them.
+        if (loaded > 0) ss.barrier_kv_empty.wait((loaded - 1) & 1);
+        Tensor gK = local_tile(mK_all(_, _, t.h, t.b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));
+        Tensor gV = local_tile(mV_all(_, _, t.h, t.b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));
+        ss.barrier_kv.arrive_and_expect_tx(2 * T::kBytesK);
+        copy(kp.tma_k.with(reinterpret_cast<BarrierT&>(ss.barrier_kv), 0, TMA::CacheHintSm90::EVICT_FIRST),
+             ck.partition_S(gK), ck.partition_D(sK));
+        copy(kp.tma_v.with(reinterpret_cast<BarrierT&>(ss.barrier_kv), 0, TMA::CacheHintSm90::EVICT_FIRST),
+             cv.partition_S(gV), cv.partition_D(sV));
+        for (int it = 0; it < n_iters; ++it) {
+          int const hq = t.h * group + it / nm;
+          int const m = m_min + it % nm;
+          Tensor gQ = local_tile(mQ(_, _, hq, t.b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));
+          Tensor gdO = local_tile(mdO(_, _, hq, t.b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));
+          int64_t const stats = row_stats_offset(p, t.b, hq) + int64_t(m) * kBlockM;
+          pipe_q.producer_acquire(wr);
+          copy(kp.tma_q.with(*pipe_q.producer_get_barrier(wr), 0, TMA::CacheHintSm90::EVICT_LAST),
+               group_modes<0, 3>(cq.partition_S(gQ)), tQs(_, wr.index()));
+          SM90_BULK_COPY_G2S::copy(p.lse_log2 + stats, pipe_q.producer_get_barrier(wr), ss.lse[wr.index()],
+                                   kBlockM * sizeof(float));
+          pipe_do.producer_acquire(wr);
+          copy(kp.tma_do.with(*pipe_do.producer_get_barrier(wr), 0, TMA::CacheHintSm90::EVICT_LAST),
+               group_modes<0, 3>(cdo.partition_S(gdO)), tdOs(_, wr.index()));
+          SM90_BULK_COPY_G2S::copy(p.dsum + stats, pipe_do.producer_get_barrier(wr), ss.dsum[wr.index()],
+                                   kBlockM * sizeof(float));
+          ++wr;
+        }
+        ++loaded;
       }
       pipe_q.producer_tail(wr);
       pipe_do.producer_tail(wr);
@@ -237,217 +281,249 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   typename T::TiledMmadQ mma_dq;
   Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
   Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
-  clear(tdVrdV);
-  clear(tdKrdK);
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQt{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutK{});
+  Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutKt{});
 
-  if (n_iters > 0) {
-    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
-    Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQ{});
-    Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQt{});
-    Tensor sdOt = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQt{});
-    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
-    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutK{});
-    Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutKt{});
+  auto wg_sdp = mma_sdp.get_slice(wg * 128);
+  Tensor tSrK = wg_sdp.partition_fragment_A(sK);     // (MMA, MMA_M, MMA_K)
+  Tensor tSrQ = wg_sdp.partition_fragment_B(sQ);     // (MMA, MMA_N, MMA_K, stage)
+  Tensor tdPrV = wg_sdp.partition_fragment_A(sV);
+  Tensor tdPrdO = wg_sdp.partition_fragment_B(sdO);
+  auto wg_dkv = mma_dkv.get_slice(wg * 128);
+  Tensor tdVrdO = wg_dkv.partition_fragment_B(sdOt);  // (MMA, MMA_N, MMA_K, stage)
+  Tensor tdKrQ = wg_dkv.partition_fragment_B(sQt);
+  auto wg_dq = mma_dq.get_slice(wg * 128);
+  Tensor tdQrK = wg_dq.partition_fragment_B(sKt);
 
-    auto wg_sdp = mma_sdp.get_slice(wg * 128);
-    Tensor tSrK = wg_sdp.partition_fragment_A(sK);     // (MMA, MMA_M, MMA_K)
-    Tensor tSrQ = wg_sdp.partition_fragment_B(sQ);     // (MMA, MMA_N, MMA_K, stage)
-    Tensor tdPrV = wg_sdp.partition_fragment_A(sV);
-    Tensor tdPrdO = wg_sdp.partition_fragment_B(sdO);
-    auto wg_dkv = mma_dkv.get_slice(wg * 128);
-    Tensor tdVrdO = wg_dkv.partition_fragment_B(sdOt);  // (MMA, MMA_N, MMA_K, stage)
-    Tensor tdKrQ = wg_dkv.partition_fragment_B(sQt);
-    auto wg_dq = mma_dq.get_slice(wg * 128);
-    Tensor tdQrK = wg_dq.partition_fragment_B(sKt);
+  auto thr_sdp = mma_sdp.get_thread_slice(tidx);
+  Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));  // (key, row)
+  Tensor cS_rc = make_tensor(cS.data(), acc_rowcol(cS.layout()));
 
-    auto thr_sdp = mma_sdp.get_thread_slice(tidx);
-    Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));  // (key, row)
-    Tensor cS_rc = make_tensor(cS.data(), acc_rowcol(cS.layout()));
+  float const scale_log2 = kp.scale_log2;
+  constexpr int kCols = decltype(size<1>(cS_rc))::value;  // query rows owned by this thread
+  constexpr int kRowsK = decltype(size<0>(cS_rc))::value;  // keys owned by this thread
 
-    float const scale_log2 = kp.scale_log2;
+  typename T::PipelineState rd;
+  int loaded = 0;
+  for (int r = 0;; ++r) {
+    int const linear = snake_tile(r);
+    if (linear >= kp.num_tiles) break;
+    TileCoord const tile = bwd_tile(kp, linear);
+    int const n_block = tile.m_block, h_kv = tile.h, b = tile.b;
+    SeqMask const msk = make_seq_mask(p, b);
+    int m_min, nm;
+    row_block_range<kBlockM, kBlockN>(msk, n_block, m_min, nm);
+    int const n_iters = nm * group;
     int const key0_wg = n_block * kBlockN + wg * 64;
-    constexpr int kCols = decltype(size<1>(cS_rc))::value;  // query rows owned by this thread
-    constexpr int kRowsK = decltype(size<0>(cS_rc))::value;  // keys owned by this thread
-
-    ss.barrier_kv.wait(0);
-    typename T::PipelineState rd;
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int it = 0; it < n_iters; ++it) {
-      int const hq = h_kv * group + it / nm;
-      int const m = m_min + it % nm;
-      int const row0 = m * kBlockM;
-      int const buf = it & 1;
-      Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-      Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-      bwd_consumer_wait(pipe_q, rd);
-      wg_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, rd.index()), tSrS);
-      bwd_consumer_wait(pipe_do, rd);
-      wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, rd.index()), tdPrdP);
-      Tensor s_rc = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
-      Tensor dp_rc = make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));
-      bool const full = msk.tile_full(row0, row0 + kBlockM, key0_wg, key0_wg + 64);
-      float const* s_lse = ss.lse[rd.index()];
-      float const* s_dsum = ss.dsum[rd.index()];
-      // P^T = exp2(logit * scale_log2 - lse2); element-wise mask only on boundary tiles (the
-      // masked variant is a separate loop so the full-tile loop has no branches).
-      auto prob = [&](auto masked, float x, float lse2, int i, int j) {
-        float pr = ex2(x * scale_log2 - lse2);
-        if constexpr (decltype(masked)::value) {
-          int64_t const key = n_block * kBlockN + int(get<0>(cS_rc(i, j)));
-          int64_t const row = row0 + int(get<1>(cS_rc(i, j)));
-          if (!msk.visible(row, key)) pr = 0.f;
-        }
-        return pr;
-      };
-      if constexpr (Softcap) {
-        // dS needs tanh' of the logit, so P and dS are formed together once both GEMMs land.
-        warpgroup_wait<0>();
-        auto p_and_ds = [&](auto masked) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kCols; ++j) {
-            float const lse2 = s_lse[int(get<1>(cS_rc(0, j)))], d = s_dsum[int(get<1>(cS_rc(0, j)))];
+    clear(tdVrdV);
+    clear(tdKrdK);
+    if (n_iters > 0) {
+      ss.barrier_kv.wait(loaded & 1);
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int it = 0; it < n_iters; ++it) {
+        int const hq = h_kv * group + it / nm;
+        int const m = m_min + it % nm;
+        int const row0 = m * kBlockM;
+        int const buf = it & 1;
+        Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        bwd_consumer_wait(pipe_q, rd);
+        wg_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, rd.index()), tSrS);
+        bwd_consumer_wait(pipe_do, rd);
+        wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, rd.index()), tdPrdP);
+        Tensor s_rc = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
+        Tensor dp_rc = make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));
+        bool const full = msk.tile_full(row0, row0 + kBlockM, key0_wg, key0_wg + 64);
+        float const* s_lse = ss.lse[rd.index()];
+        float const* s_dsum = ss.dsum[rd.index()];
+        // P^T = exp2(logit * scale_log2 - lse2); element-wise mask only on boundary tiles (the
+        // masked variant is a separate loop so the full-tile loop has no branches).
+        auto prob = [&](auto masked, float x, float lse2, int i, int j) {
+          float pr = ex2(x * scale_log2 - lse2);
+          if constexpr (decltype(masked)::value) {
+            int64_t const key = n_block * kBlockN + int(get<0>(cS_rc(i, j)));
+            int64_t const row = row0 + int(get<1>(cS_rc(i, j)));
+            if (!msk.visible(row, key)) pr = 0.f;
+          }
+          return pr;
+        };
+        if constexpr (Softcap) {
+          // dS needs tanh' of the logit, so P and dS are formed together once both GEMMs land.
+          warpgroup_wait<0>();
+          auto p_and_ds = [&](auto masked) {
             CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < kRowsK; ++i) {
-              float const t = tanhf(s_rc(i, j) * kp.softcap_mult);
-              float const pr = prob(masked, t, lse2, i, j);
-              s_rc(i, j) = pr;
-              dp_rc(i, j) = pr * (dp_rc(i, j) - d) * (1.f - t * t);
+            for (int j = 0; j < kCols; ++j) {
+              float const lse2 = s_lse[int(get<1>(cS_rc(0, j)))], d = s_dsum[int(get<1>(cS_rc(0, j)))];
+              CUTLASS_PRAGMA_UNROLL
+              for (int i = 0; i < kRowsK; ++i) {
+                float const t = tanhf(s_rc(i, j) * kp.softcap_mult);
+                float const pr = prob(masked, t, lse2, i, j);
+                s_rc(i, j) = pr;
+                dp_rc(i, j) = pr * (dp_rc(i, j) - d) * (1.f - t * t);
+              }
             }
-          }
-        };
-        if (full) p_and_ds(cute::false_type{}); else p_and_ds(cute::true_type{});
-      } else {
-        // P^T (in place of S^T) while dP^T is still in flight.
-        warpgroup_wait<1>();
-        auto p_only = [&](auto masked) {
+          };
+          if (full) p_and_ds(cute::false_type{}); else p_and_ds(cute::true_type{});
+        } else {
+          // P^T (in place of S^T) while dP^T is still in flight.
+          warpgroup_wait<1>();
+          auto p_only = [&](auto masked) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < kCols; ++j) {
+              float const lse2 = s_lse[int(get<1>(cS_rc(0, j)))];
+              CUTLASS_PRAGMA_UNROLL
+              for (int i = 0; i < kRowsK; ++i) s_rc(i, j) = prob(masked, s_rc(i, j), lse2, i, j);
+            }
+          };
+          if (full) p_only(cute::false_type{}); else p_only(cute::true_type{});
+          warpgroup_wait<0>();
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kCols; ++j) {
-            float const lse2 = s_lse[int(get<1>(cS_rc(0, j)))];
+            float const d = s_dsum[int(get<1>(cS_rc(0, j)))];
             CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < kRowsK; ++i) s_rc(i, j) = prob(masked, s_rc(i, j), lse2, i, j);
+            for (int i = 0; i < kRowsK; ++i) dp_rc(i, j) = s_rc(i, j) * (dp_rc(i, j) - d);
           }
-        };
-        if (full) p_only(cute::false_type{}); else p_only(cute::true_type{});
-        warpgroup_wait<0>();
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < kCols; ++j) {
-          float const d = s_dsum[int(get<1>(cS_rc(0, j)))];
+        }
+        Tensor tPr16 = make_tensor<Element>(tSrS.layout());
+        Tensor tdSr16 = make_tensor<Element>(tSrS.layout());
+        convert_out(tSrS, tPr16);
+        convert_out(tdPrdP, tdSr16);
+        Tensor tPrA = make_tensor(tPr16.data(), acc_to_Aregs(tPr16.layout()));
+        Tensor tdSrA = make_tensor(tdSr16.data(), acc_to_Aregs(tdSr16.layout()));
+        wg_gemm<false, -1>(mma_dkv, tPrA, tdVrdO(_, _, _, rd.index()), tdVrdV);
+        wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
+        // dS^T -> smem (as dS, keys contiguous) for dQ = dS K over all keys of the block.
+        {
+          Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdSt{});
+          Tensor tdSs = recast<uint32_t>(thr_sdp.partition_C(sdSt));
+          Tensor tdSr32 = recast<uint32_t>(tdSr16);
           CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < kRowsK; ++i) dp_rc(i, j) = s_rc(i, j) * (dp_rc(i, j) - d);
+          for (int i = 0; i < size(tdSr32); ++i) {  // st.shared: the recast view alone compiles to generic stores
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(cute::cast_smem_ptr_to_uint(&tdSs(i))), "r"(tdSr32(i)));
+          }
         }
-      }
-      Tensor tPr16 = make_tensor<Element>(tSrS.layout());
-      Tensor tdSr16 = make_tensor<Element>(tSrS.layout());
-      convert_out(tSrS, tPr16);
-      convert_out(tdPrdP, tdSr16);
-      Tensor tPrA = make_tensor(tPr16.data(), acc_to_Aregs(tPr16.layout()));
-      Tensor tdSrA = make_tensor(tdSr16.data(), acc_to_Aregs(tdSr16.layout()));
-      wg_gemm<false, -1>(mma_dkv, tPrA, tdVrdO(_, _, _, rd.index()), tdVrdV);
-      wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
-      // dS^T -> smem (as dS, keys contiguous) for dQ = dS K over all keys of the block.
-      {
-        Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdSt{});
-        Tensor tdSs = recast<uint32_t>(thr_sdp.partition_C(sdSt));
-        Tensor tdSr32 = recast<uint32_t>(tdSr16);
+        // The previous step's dQ reduce must have read ss.dq before anyone rewrites it.
+        if (tidx % 128 == 0) tma_store_wait<0>();
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::sync(T::kMmaThreads, kBwdBarDS);
+        Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdS{});
+        Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);
+        Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+        wg_gemm<true, -1>(mma_dq, tdQrdS, tdQrK, tdQrdQ);
+        warpgroup_wait<0>();
+        pipe_q.consumer_release(rd);
+        pipe_do.consumer_release(rd);
+        ++rd;
+        // dQ partial -> smem -> one bulk reduce-add per WG into dq_accum (rows past seqlen_q
+        // add zeros: P is 0 there).
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(tdSr32); ++i) {  // st.shared: the recast view alone compiles to generic stores
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(cute::cast_smem_ptr_to_uint(&tdSs(i))), "r"(tdSr32(i)));
+        for (int i = 0; i < T::kdQFrag; i += 4)
+          *reinterpret_cast<float4*>(ss.dq.data() + dq_frag_offset<T>(tidx, i)) =
+              make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::sync(128, kBwdBarDQ + wg);
+        if (tidx % 128 == 0) {
+          float* acc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * kp.acc_rows + row0) * kp.acc_cols;
+          int* sem = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * (kp.acc_rows / 64) + row0 / 64;
+          if constexpr (Deterministic) {
+            int n_lo, n_hi;
+            key_block_range<kBlockM, kBlockN>(msk, m, n_lo, n_hi);
+            dq_wait_turn(sem, 2 * (n_block - n_lo));
+          }
+          bulk_reduce_add_f32(acc + wg * T::kdQWGFloats, ss.dq.data() + wg * T::kdQWGFloats, T::kdQWGFloats * sizeof(float));
+          tma_store_arrive();
+          if constexpr (Deterministic) {
+            asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the adds are done, not just read
+            __threadfence();
+            atomicAdd(sem, 1);
+          }
         }
       }
-      // The previous step's dQ reduce must have read ss.dq before anyone rewrites it.
-      if (tidx % 128 == 0) tma_store_wait<0>();
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(T::kMmaThreads, kBwdBarDS);
-      Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdS{});
-      Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);
-      Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-      wg_gemm<true, -1>(mma_dq, tdQrdS, tdQrK, tdQrdQ);
-      warpgroup_wait<0>();
-      pipe_q.consumer_release(rd);
-      pipe_do.consumer_release(rd);
-      ++rd;
-      // dQ partial -> smem -> one bulk reduce-add per WG into dq_accum (rows past seqlen_q
-      // add zeros: P is 0 there).
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < T::kdQFrag; i += 4)
-        *reinterpret_cast<float4*>(ss.dq.data() + dq_frag_offset<T>(tidx, i)) =
-            make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(128, kBwdBarDQ + wg);
-      if (tidx % 128 == 0) {
-        float* acc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * kp.acc_rows + row0) * kp.acc_cols;
-        bulk_reduce_add_f32(acc + wg * T::kdQWGFloats, ss.dq.data() + wg * T::kdQWGFloats, T::kdQWGFloats * sizeof(float));
-        tma_store_arrive();
+      ss.barrier_kv_empty.arrive();  // the last dQ GEMM (the last reader of K / V) has completed
+      ++loaded;
+    }
+    // Epilogue: dK = scale * dS^T Q, dV; keys past seqlen_k are dropped.
+    auto thr_dkv = mma_dkv.get_thread_slice(tidx);
+    Tensor cdKV = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+    cutlass::NumericArrayConverter<Element, float, 2> cvt;
+    Element* dk = static_cast<Element*>(p.dk) + int64_t(b) * p.dk_batch_stride + int64_t(h_kv) * p.dk_head_stride;
+    Element* dv = static_cast<Element*>(p.dv) + int64_t(b) * p.dv_batch_stride + int64_t(h_kv) * p.dv_head_stride;
+    float const scale = p.scale;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(tdKrdK); i += 2) {
+      int const key = n_block * kBlockN + int(get<0>(cdKV(i)));
+      int const c = int(get<1>(cdKV(i)));
+      if (key < p.seqlen_k) {
+        cutlass::Array<float, 2> a;
+        a[0] = tdKrdK(i) * scale; a[1] = tdKrdK(i + 1) * scale;
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(dk + key * p.dk_row_stride + c) = cvt(a);
+        a[0] = tdVrdV(i); a[1] = tdVrdV(i + 1);
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(dv + key * p.dv_row_stride + c) = cvt(a);
       }
     }
-    if (tidx % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
-
-  // Epilogue: dK = scale * dS^T Q, dV; keys past seqlen_k are dropped.
-  auto thr_dkv = mma_dkv.get_thread_slice(tidx);
-  Tensor cdKV = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
-  cutlass::NumericArrayConverter<Element, float, 2> cvt;
-  Element* dk = static_cast<Element*>(p.dk) + int64_t(b) * p.dk_batch_stride + int64_t(h_kv) * p.dk_head_stride;
-  Element* dv = static_cast<Element*>(p.dv) + int64_t(b) * p.dv_batch_stride + int64_t(h_kv) * p.dv_head_stride;
-  float const scale = p.scale;
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < size(tdKrdK); i += 2) {
-    int const key = n_block * kBlockN + int(get<0>(cdKV(i)));
-    int const c = int(get<1>(cdKV(i)));
-    if (key < p.seqlen_k) {
-      cutlass::Array<float, 2> a;
-      a[0] = tdKrdK(i) * scale; a[1] = tdKrdK(i + 1) * scale;
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(dk + key * p.dk_row_stride + c) = cvt(a);
-      a[0] = tdVrdV(i); a[1] = tdVrdV(i + 1);
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(dv + key * p.dv_row_stride + c) = cvt(a);
-    }
-  }
+  if (tidx % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
-// Row statistics into the padded [batch, heads_q, seqlen_q_rounded] workspaces, one warp per
-// (b, t, h) row: dsum = rowsum(dO * O) (fp32), lse_log2 = lse * log2(e). Padded rows and rows
+// Row statistics into the padded [batch, heads_q, seqlen_q_rounded] workspaces, and zeros
+// into dq_accum: dsum = rowsum(dO * O) (fp32), lse_log2 = lse * log2(e). Padded rows and rows
 // with no visible key get dsum = 0 and lse_log2 = +inf, so the main kernel's P is 0 there.
-template <class Element>
-__global__ void flash_bwd_row_stats_kernel_sm90(const FlashBwdParams p) {
-  int64_t const row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  int const lane = threadIdx.x % 32;
-  int64_t const nrows = int64_t(p.batch) * p.seqlen_q_rounded * p.heads_q;
-  if (row >= nrows) return;
-  int const h = int(row % p.heads_q);
-  int64_t const t = (row / p.heads_q) % p.seqlen_q_rounded;
-  int const b = int(row / (int64_t(p.heads_q) * p.seqlen_q_rounded));
+// kG = head_dim / 8 threads per (b, t, h) row, 16-byte loads; 32-bit index math (the host
+// checks the row count).
+template <class T>
+__global__ void flash_bwd_row_stats_kernel_sm90(const FlashBwdParams p, int64_t acc_cols) {
+  using Element = typename T::Element;
+  constexpr int kG = T::kHeadDim / 8;
+  static_assert(32 % kG == 0);
+  int const gtid = int(blockIdx.x) * blockDim.x + int(threadIdx.x);
+  int const row = gtid / kG, lane = gtid % kG;
+  // Out-of-range rows stay for the shuffles (whole warps) but touch no memory.
+  bool const valid = row < p.batch * p.seqlen_q_rounded * p.heads_q;
+  int const h = row % p.heads_q;
+  int const t = (row / p.heads_q) % p.seqlen_q_rounded;
+  int const b = row / (p.heads_q * p.seqlen_q_rounded);
   int64_t const out = row_stats_offset(p, b, h) + t;
-  if (t >= p.seqlen_q) {
-    if (lane == 0) { p.dsum[out] = 0.f; p.lse_log2[out] = INFINITY; }
-    return;
-  }
-  auto const* o = static_cast<Element const*>(p.o) + b * p.o_batch_stride + t * p.o_row_stride + h * p.o_head_stride;
-  auto const* d = static_cast<Element const*>(p.dout) + b * p.do_batch_stride + t * p.do_row_stride + h * p.do_head_stride;
+  // This (b, h, t) share of dq_accum: the union over t is the whole (b, h) plane.
+  float4* acc = reinterpret_cast<float4*>(p.dq_accum + out * acc_cols);
+  if (valid)
+    for (int c = lane; c < acc_cols / 4; c += kG) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
   float s = 0.f;
-  for (int c = lane * 2; c < p.head_dim; c += 64) {
-    auto ov = *reinterpret_cast<cutlass::Array<Element, 2> const*>(o + c);
-    auto dv = *reinterpret_cast<cutlass::Array<Element, 2> const*>(d + c);
-    s += float(ov[0]) * float(dv[0]) + float(ov[1]) * float(dv[1]);
+  if (valid && t < p.seqlen_q) {
+    auto const* o = static_cast<Element const*>(p.o) + b * p.o_batch_stride + t * p.o_row_stride + h * p.o_head_stride;
+    auto const* d = static_cast<Element const*>(p.dout) + b * p.do_batch_stride + t * p.do_row_stride + h * p.do_head_stride;
+    auto const ov = *reinterpret_cast<cutlass::Array<Element, 8> const*>(o + lane * 8);
+    auto const dv = *reinterpret_cast<cutlass::Array<Element, 8> const*>(d + lane * 8);
+    CUTLASS_PRAGMA_UNROLL
+    for (int e = 0; e < 8; ++e) s += float(ov[e]) * float(dv[e]);
   }
   CUTLASS_PRAGMA_UNROLL
-  for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffff, s, off);
-  if (lane == 0) {
-    float const l = p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + t];
+  for (int off = kG / 2; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffff, s, off);
+  if (valid && lane == 0 && p.dq_semaphore && t % 64 == 0)
+    p.dq_semaphore[(int64_t(b) * p.heads_q + h) * (p.seqlen_q_rounded / 64) + t / 64] = 0;
+  if (valid && lane == 0) {
+    float const l = t < p.seqlen_q ? p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + t] : -INFINITY;
     p.dsum[out] = s;
     p.lse_log2[out] = l == -INFINITY ? INFINITY : l * 1.44269504088896340736f;
   }
 }
 
-// dq = scale * dq_accum in the input dtype. One CTA per (row block, q head, batch); thread t
-// reads back exactly the fragment consumer thread t reduced (dq_frag_offset), float4 at a time.
+// dq = scale * dq_accum in the input dtype. One CTA per (row block, q head, batch): thread t
+// reads back the fragment consumer thread t reduced (dq_frag_offset, coalesced float4), scatters
+// it as 16-bit values into a row-major smem tile, then the tile goes out as 16-byte row chunks.
 template <class T>
 __global__ void flash_bwd_convert_dq_kernel_sm90(const FlashBwdParams p, int64_t acc_rows, int64_t acc_cols) {
   using Element = typename T::Element;
+  constexpr int kRowStride = T::kHeadDim + 8;  // padded: the scatter spreads over banks
+  __shared__ alignas(16) Element tile[T::kBlockM * kRowStride];
   int const m = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
   typename T::TiledMmadQ mma_dq;
   Tensor c = mma_dq.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}));
   float const* acc = p.dq_accum + ((int64_t(b) * p.heads_q + h) * acc_rows + int64_t(m) * T::kBlockM) * acc_cols;
-  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride;
   cutlass::NumericArrayConverter<Element, float, 2> cvt;
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < T::kdQFrag; i += 4) {
@@ -455,13 +531,19 @@ __global__ void flash_bwd_convert_dq_kernel_sm90(const FlashBwdParams p, int64_t
     float const v[4] = {a.x, a.y, a.z, a.w};
     CUTLASS_PRAGMA_UNROLL
     for (int e = 0; e < 4; e += 2) {  // accumulator pairs (i, i+1) are adjacent columns of one row
-      int64_t const r = int64_t(m) * T::kBlockM + int(get<0>(c(i + e)));
-      if (r < p.seqlen_q) {
-        cutlass::Array<float, 2> x;
-        x[0] = v[e] * p.scale; x[1] = v[e + 1] * p.scale;
-        *reinterpret_cast<cutlass::Array<Element, 2>*>(dq + r * p.dq_row_stride + int(get<1>(c(i + e)))) = cvt(x);
-      }
+      cutlass::Array<float, 2> x;
+      x[0] = v[e] * p.scale; x[1] = v[e + 1] * p.scale;
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(tile + int(get<0>(c(i + e))) * kRowStride + int(get<1>(c(i + e)))) = cvt(x);
     }
+  }
+  __syncthreads();
+  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride;
+  constexpr int kChunks = T::kHeadDim / 8;
+  for (int k = t; k < T::kBlockM * kChunks; k += blockDim.x) {
+    int const r = k / kChunks, c8 = (k % kChunks) * 8;
+    int64_t const row = int64_t(m) * T::kBlockM + r;
+    if (row < p.seqlen_q)
+      *reinterpret_cast<uint4*>(dq + row * p.dq_row_stride + c8) = *reinterpret_cast<uint4 const*>(tile + r * kRowStride + c8);
   }
 }
 

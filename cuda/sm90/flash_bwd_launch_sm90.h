@@ -13,7 +13,7 @@ struct BwdTileConfig;
 template <> struct BwdTileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2; };
 template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, Stages = 2; };
 
-template <class Traits, bool Softcap>
+template <class Traits, bool Softcap, bool Deterministic>
 cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   using T = Traits;
   using Element = typename T::Element;
@@ -27,15 +27,12 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
       p.seqlen_q_rounded != kp.acc_rows)
     return cudaErrorNotSupported;
   int const n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
-  if (p.heads_q > 65535 || p.batch > 65535) return cudaErrorNotSupported;
 
-  cudaError_t err = cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * int64_t(p.batch) * p.heads_q * kp.acc_rows * kp.acc_cols, stream);
-  if (err != cudaSuccess) return err;
-  {
-    int64_t rows = int64_t(p.batch) * p.seqlen_q_rounded * p.heads_q;
-    int64_t blocks = (rows + 7) / 8;
-    if (blocks > 0x7fffffff) return cudaErrorNotSupported;
-    flash_bwd_row_stats_kernel_sm90<Element><<<unsigned(blocks), 256, 0, stream>>>(p);
+  cudaError_t err;
+  {  // row statistics + zeroed dq_accum, kHeadDim / 8 threads per (b, t, h) row
+    int64_t const threads = int64_t(p.batch) * p.seqlen_q_rounded * p.heads_q * (T::kHeadDim / 8);
+    if (threads > 0x7fffffff) return cudaErrorNotSupported;
+    flash_bwd_row_stats_kernel_sm90<T><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, kp.acc_cols);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
@@ -63,16 +60,30 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   kp.scale_log2 = Softcap ? p.softcap * log2e : p.scale * log2e;
   kp.softcap_mult = Softcap ? p.scale / p.softcap : 0.f;
 
-  auto kernel = &flash_bwd_kernel<T, Softcap>;
+  auto kernel = &flash_bwd_kernel<T, Softcap, Deterministic>;
   constexpr int smem = T::kSmemBytes;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  // Long causal / right-bounded problems: longest key blocks first, so the longest CTAs do not
-  // start last (the tail). Short ones keep a head's key blocks adjacent (Q/dO reuse in L2).
-  kp.key_blocks_slowest = (p.causal || p.window_right >= 0) && p.seqlen_k >= 2048 && n_blocks <= 65535;
-  dim3 const grid = kp.key_blocks_slowest ? dim3(unsigned(p.heads_kv), unsigned(p.batch), unsigned(n_blocks))
-                                          : dim3(unsigned(n_blocks), unsigned(p.heads_kv), unsigned(p.batch));
-  kernel<<<grid, dim3(T::kThreads), smem, stream>>>(kp);
+  // Causal / right-bounded masks: every head's first key blocks (the longest) first, so the
+  // longest tiles do not start last. Otherwise a head's key blocks stay adjacent (Q/dO in L2).
+  // Persistent (one CTA per SM, snake order) overlaps a tile's dK/dV stores with the next
+  // tile's loads (+1-2% at S=1k). Causal / right-bounded problems keep one CTA per tile: the
+  // hardware's dynamic dispatch balances tiles of different lengths better (NOTES.md, v6).
+  int64_t const tiles = int64_t(n_blocks) * p.heads_kv * p.batch;
+  if (tiles > 0x7fffffff) return cudaErrorNotSupported;
+  kp.num_n_blocks = n_blocks;
+  kp.num_bh = p.heads_kv * p.batch;
+  kp.num_tiles = int(tiles);
+  kp.longest_first = p.window_right >= 0;
+  int dev = 0, sms = 0;
+  err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess) return err;
+  // Deterministic: a CTA waits for the lower key blocks' dQ turns, so those must have been
+  // launched already: one CTA per tile, in tile order.
+  bool const persistent = !kp.longest_first && !p.deterministic;
+  int const grid = int(persistent && tiles > sms ? sms : tiles);
+  kernel<<<dim3(unsigned(grid)), dim3(T::kThreads), smem, stream>>>(kp);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
@@ -86,8 +97,9 @@ template <int kHeadDim, class Element>
 cudaError_t run_bwd_hdim(const FlashBwdParams& p, cudaStream_t stream) {
   using C = BwdTileConfig<kHeadDim>;
   using T = BwdTraits<kHeadDim, C::M, C::N, C::Stages, Element>;
-  if (p.softcap > 0.f) return launch_bwd<T, true>(p, stream);
-  return launch_bwd<T, false>(p, stream);
+  // Deterministic is a separate instantiation: its turn-taking stays out of the default kernel.
+  if (p.deterministic) return p.softcap > 0.f ? launch_bwd<T, true, true>(p, stream) : launch_bwd<T, false, true>(p, stream);
+  return p.softcap > 0.f ? launch_bwd<T, true, false>(p, stream) : launch_bwd<T, false, false>(p, stream);
 }
 
 }  // namespace jax_flash::sm90

@@ -11,7 +11,7 @@ template <int kHeadDim, DType kDType>
 cudaError_t flash_bwd_sm90_hdim(const FlashBwdParams& p, cudaStream_t stream);
 
 cudaError_t flash_bwd_sm90(const FlashBwdParams& p, cudaStream_t stream) {
-  if (p.deterministic) return cudaErrorNotSupported;  // sm80 has the deterministic mode
+  if (p.deterministic && !p.dq_semaphore) return cudaErrorNotSupported;
   if ((p.head_dim != 64 && p.head_dim != 128) || !sm90::fwd_operands_ok(p)) return cudaErrorNotSupported;
   if (!p.dq_accum || !p.dsum || !p.lse || !p.lse_log2) return cudaErrorNotSupported;
   for (const void* ptr : {p.dout, static_cast<const void*>(p.dq), static_cast<const void*>(p.dk),

@@ -31,6 +31,7 @@ struct Case {
   int B, T, S, Nq, Nkv;
   bool bf16 = true;
   int H = 128;
+  bool det = false;  // deterministic: also run 3 more times and require identical dq bits
   bool causal = false, bottom_right = false;
   int wl = -1, wr = -1;
   float softcap = 0.f;
@@ -130,12 +131,14 @@ static bool run_case(const Case& c, uint64_t seed) {
 
   // Device.
   void *dq_in, *dk_in, *dv_in, *do_in, *o_in, *dq, *dk, *dv;
-  float *dlse, *ddsum, *dlse2, *dacc; int *dql = nullptr, *dkl = nullptr;
+  float *dlse, *ddsum, *dlse2, *dacc; int *dql = nullptr, *dkl = nullptr, *dsem;
   CK(cudaMalloc(&dq_in, nq * 2)); CK(cudaMalloc(&dk_in, nk * 2)); CK(cudaMalloc(&dv_in, nk * 2));
   CK(cudaMalloc(&do_in, nq * 2)); CK(cudaMalloc(&o_in, nq * 2));
   CK(cudaMalloc(&dq, nq * 2)); CK(cudaMalloc(&dk, nk * 2)); CK(cudaMalloc(&dv, nk * 2));
   size_t const n_stats = size_t(c.B) * c.Nq * p.seqlen_q_rounded;
   CK(cudaMalloc(&dlse, hl.size() * 4)); CK(cudaMalloc(&ddsum, n_stats * 4)); CK(cudaMalloc(&dlse2, n_stats * 4));
+  CK(cudaMalloc(&dsem, n_stats / 64 * 4)); CK(cudaMemset(dsem, 0x7f, n_stats / 64 * 4));
+  p.deterministic = c.det; p.dq_semaphore = dsem;
   size_t acc_n = size_t(c.B) * c.Nq * p.seqlen_q_rounded * p.head_dim_rounded;
   CK(cudaMalloc(&dacc, acc_n * 4));
   CK(cudaMemcpy(dq_in, hq.data(), nq * 2, cudaMemcpyHostToDevice));
@@ -153,13 +156,21 @@ static bool run_case(const Case& c, uint64_t seed) {
   cudaError_t err = flash_bwd_sm90(p, 0);
   if (err == cudaSuccess) err = cudaDeviceSynchronize();
   std::vector<uint16_t> gq(nq), gk(nk), gv(nk);
+  bool same_bits = true;
   if (err == cudaSuccess) {
     CK(cudaMemcpy(gq.data(), dq, nq * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(gk.data(), dk, nk * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(gv.data(), dv, nk * 2, cudaMemcpyDeviceToHost));
+    for (int rep = 0; c.det && rep < 3 && err == cudaSuccess; ++rep) {
+      err = flash_bwd_sm90(p, 0);
+      if (err == cudaSuccess) err = cudaDeviceSynchronize();
+      std::vector<uint16_t> g2(nq);
+      CK(cudaMemcpy(g2.data(), dq, nq * 2, cudaMemcpyDeviceToHost));
+      same_bits = same_bits && g2 == gq;
+    }
   }
   for (void* x : {dq_in, dk_in, dv_in, do_in, o_in, dq, dk, dv}) cudaFree(x);
-  cudaFree(dlse); cudaFree(ddsum); cudaFree(dlse2); cudaFree(dacc); if (dql) cudaFree(dql); if (dkl) cudaFree(dkl);
+  cudaFree(dlse); cudaFree(ddsum); cudaFree(dlse2); cudaFree(dsem); cudaFree(dacc); if (dql) cudaFree(dql); if (dkl) cudaFree(dkl);
   if (err != cudaSuccess) {
     printf("%-34s FAIL (launch: %s)\n", c.name, cudaGetErrorString(err));
     return false;
@@ -237,23 +248,27 @@ static bool run_case(const Case& c, uint64_t seed) {
   cmp(gv, rdv, ndv, &e[2], &en[2], &mx[2], &nan[2]);
   bool ok = true;
   for (int i = 0; i < 3; ++i) ok = ok && nan[i] == 0 && e[i] <= 2 * en[i] + 1e-3 * std::max(1.0, mx[i]);
+  if (c.det && !same_bits) { printf("%-34s deterministic: dq bits differ between runs\n", c.name); ok = false; }
   printf("%-34s %s  dq %.2e (naive %.2e)  dk %.2e (%.2e)  dv %.2e (%.2e)  max|ref| %.1f/%.1f/%.1f%s\n", c.name,
          ok ? "ok  " : "FAIL", e[0], en[0], e[1], en[1], e[2], en[2], mx[0], mx[1], mx[2],
          nan[0] + nan[1] + nan[2] ? "  NaN/Inf!" : "");
   return ok;
 }
 
+static bool g_det = false;
 static double bench(int H, int S, bool causal, int reps) {
   const int B = 16384 / S, N = 2048 / H;
   FlashBwdParams p;
   p.batch = B; p.seqlen_q = S; p.seqlen_k = S; p.heads_q = N; p.heads_kv = N; p.head_dim = H;
   p.dtype = DType::kBFloat16; p.scale = 1.f / std::sqrt(float(H)); p.causal = causal; p.window_right = causal ? 0 : -1;
   size_t n = size_t(B) * S * N * H;
-  void *q, *k, *v, *o, *dO, *dq, *dk, *dv; float *lse, *dsum, *lse2, *acc;
+  void *q, *k, *v, *o, *dO, *dq, *dk, *dv; float *lse, *dsum, *lse2, *acc; int* sem;
   for (void** x : {&q, &k, &v, &o, &dO, &dq, &dk, &dv}) CK(cudaMalloc(x, n * 2));
   p.seqlen_q_rounded = int(dq_accum_rows(S)); p.head_dim_rounded = int(dq_accum_cols(H));
   CK(cudaMalloc(&lse, size_t(B) * N * S * 4)); CK(cudaMalloc(&dsum, size_t(B) * N * p.seqlen_q_rounded * 4));
   CK(cudaMalloc(&lse2, size_t(B) * N * p.seqlen_q_rounded * 4));
+  CK(cudaMalloc(&sem, size_t(B) * N * p.seqlen_q_rounded / 64 * 4));
+  p.deterministic = g_det; p.dq_semaphore = sem;
   CK(cudaMalloc(&acc, size_t(B) * N * p.seqlen_q_rounded * p.head_dim_rounded * 4));
   std::vector<uint16_t> h(n);
   std::mt19937 g(1);
@@ -288,7 +303,7 @@ static double bench(int H, int S, bool causal, int reps) {
   double ms = ts[ts.size() / 2];
   double flops = 2.5 * 4.0 * B * N * double(S) * S * H / (causal ? 2 : 1);
   for (void* x : {q, k, v, o, dO, dq, dk, dv}) cudaFree(x);
-  cudaFree(lse); cudaFree(dsum); cudaFree(lse2); cudaFree(acc);
+  cudaFree(lse); cudaFree(dsum); cudaFree(lse2); cudaFree(sem); cudaFree(acc);
   return flops / (ms * 1e-3) / 1e12;
 }
 
@@ -301,6 +316,7 @@ int main(int argc, char** argv) {
     if (!strncmp(argv[i], "--case=", 7)) only = atoi(argv[i] + 7);
     if (!strncmp(argv[i], "--h=", 4)) only_h = atoi(argv[i] + 4);  // bench one head dim (e.g. under ncu)
     if (!strncmp(argv[i], "--s=", 4)) only_s = atoi(argv[i] + 4);  // bench one seqlen
+    if (!strcmp(argv[i], "--det")) g_det = true;  // bench the deterministic mode
   }
   int fails = 0, total = 0;
   if (do_test) {
@@ -332,6 +348,11 @@ int main(int argc, char** argv) {
     c = {"h64 lens window T97 S1000", 3, 97, 1000, 2, 2}; c.H = 64; c.q_lens = {97, 40, 1}; c.kv_lens = {997, 0, 130};
     c.wl = 200; c.wr = 10; cs.push_back(c);
     c = {"h64 fp16 softcap30 causal T128 S128", 1, 128, 128, 2, 2}; c.H = 64; c.bf16 = false; c.softcap = 30.f; c.causal = true; cs.push_back(c);
+    c = {"det causal-tl T1000 S1000 gqa2", 2, 1000, 1000, 4, 2}; c.causal = true; c.det = true; cs.push_back(c);
+    c = {"det nc T700 S900", 1, 700, 900, 2, 2}; c.det = true; cs.push_back(c);
+    c = {"det h64 lens window T1000 S600", 2, 1000, 600, 2, 1}; c.H = 64; c.det = true; c.wl = 300; c.wr = 20;
+    c.q_lens = {1000, 333}; c.kv_lens = {600, 111}; cs.push_back(c);
+    c = {"det causal-br T300 S1000", 1, 300, 1000, 2, 2}; c.causal = true; c.bottom_right = true; c.det = true; cs.push_back(c);
     uint64_t seed = 1;
     for (int i = 0; i < int(cs.size()); ++i) {
       if (only >= 0 && i != only) continue;
@@ -342,7 +363,7 @@ int main(int argc, char** argv) {
   }
   if (do_bench) {
     const int Ss[3] = {1024, 4096, 16384};
-    printf("\nbwd bf16 TFLOP/s        | S=1k  | S=4k  | S=16k |\n");
+    printf("\nbwd bf16 TFLOP/s%s | S=1k  | S=4k  | S=16k |\n", g_det ? " (det)" : "      ");
     for (int H : {64, 128})
       for (int causal = 0; causal < 2; ++causal) {
         if (only_h && H != only_h) continue;
