@@ -1,0 +1,128 @@
+"""jax_flash.flax: the attention_fn of Flax's linen and nnx attention modules. Same outputs
+and gradients as the modules' default attention; what the kernels cannot compute runs
+Flax's own attention (with a warning); attention weights are an error."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+flax = pytest.importorskip("flax")
+import flax.linen as nn  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import jax_flash.flax as jf  # noqa: E402
+
+B, T, D, HEADS = 2, 37, 64, 4  # odd length on purpose
+
+
+def _x(seed, shape=(B, T, D)):
+    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+
+
+def _close(a, b, tol=2e-5):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=tol, rtol=tol)
+
+
+def _linen_pair(**kw):
+    ref = nn.MultiHeadDotProductAttention(num_heads=HEADS, **kw)
+    ours = nn.MultiHeadDotProductAttention(num_heads=HEADS, attention_fn=jf.dot_product_attention, **kw)
+    return ref, ours
+
+
+def _value_and_grad(module, params, *args, **kw):
+    loss = lambda p, x: jnp.sum(module.apply(p, x, *args[1:], **kw) ** 2)
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, args[0])
+
+
+def test_linen_self_attention_matches_default():
+    x = _x(0)
+    ref, ours = _linen_pair()
+    params = ref.init(jax.random.key(1), x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jf.JaxFlashFallbackWarning)  # must take the kernel
+        (v1, (gp1, gx1)) = _value_and_grad(ours, params, x)
+    (v0, (gp0, gx0)) = _value_and_grad(ref, params, x)
+    _close(v1, v0, 1e-4)
+    _close(gx1, gx0)
+    jax.tree.map(_close, gp1, gp0)
+
+
+def test_linen_causal_attention_without_mask_matches_default_with_causal_mask():
+    x = _x(2)
+    ref = nn.MultiHeadDotProductAttention(num_heads=HEADS)
+    ours = nn.MultiHeadDotProductAttention(num_heads=HEADS, attention_fn=jf.causal_attention)
+    params = ref.init(jax.random.key(3), x)
+    mask = nn.make_causal_mask(jnp.ones((B, T)))
+    want = ref.apply(params, x, mask=mask)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jf.JaxFlashFallbackWarning)
+        got = jax.jit(ours.apply)(params, x)
+    _close(got, want)
+
+
+def test_linen_cross_attention_and_extra_batch_dims():
+    q_in, kv_in = _x(4, (3, B, T, D)), _x(5, (3, B, 50, D))  # two batch dims, S != T
+    ref, ours = _linen_pair()
+    params = ref.init(jax.random.key(6), q_in, kv_in)
+    _close(jax.jit(ours.apply)(params, q_in, kv_in), ref.apply(params, q_in, kv_in))
+
+
+def test_nnx_is_causal_matches_default_values_and_grads():
+    ref = nnx.MultiHeadAttention(num_heads=HEADS, in_features=D, decode=False, rngs=nnx.Rngs(0))
+    ours = nnx.MultiHeadAttention(num_heads=HEADS, in_features=D, decode=False, rngs=nnx.Rngs(0),
+                                  attention_fn=jf.dot_product_attention)
+    x = _x(7)
+
+    def loss(m, x):
+        return jnp.sum(m(x, is_causal=True) ** 2)
+
+    v0, g0 = nnx.value_and_grad(loss)(ref, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jf.JaxFlashFallbackWarning)
+        v1, g1 = nnx.jit(nnx.value_and_grad(loss))(ours, x)
+    _close(v1, v0, 1e-4)
+    jax.tree.map(_close, nnx.state(g1, nnx.Param), nnx.state(g0, nnx.Param))
+
+
+def test_dense_mask_falls_back_to_flax_with_a_warning():
+    x = _x(8)
+    ref, ours = _linen_pair()
+    params = ref.init(jax.random.key(9), x)
+    keep = jax.random.bernoulli(jax.random.key(10), 0.7, (B, T))
+    mask = nn.make_attention_mask(keep, keep)
+    with pytest.warns(jf.JaxFlashFallbackWarning, match="mask"):
+        got = ours.apply(params, x, mask=mask)
+    _close(got, ref.apply(params, x, mask=mask))
+
+
+def test_active_dropout_falls_back_with_the_same_rng_stream():
+    x = _x(11)
+    ref, ours = _linen_pair(dropout_rate=0.3)
+    params = ref.init(jax.random.key(12), x, deterministic=True)
+    rngs = {"dropout": jax.random.key(13)}
+    with pytest.warns(jf.JaxFlashFallbackWarning, match="dropout"):
+        got = ours.apply(params, x, deterministic=False, rngs=rngs)
+    _close(got, ref.apply(params, x, deterministic=False, rngs=rngs))
+    with warnings.catch_warnings():  # deterministic (eval) with a dropout rate: the kernel
+        warnings.simplefilter("error", jf.JaxFlashFallbackWarning)
+        _close(ours.apply(params, x, deterministic=True), ref.apply(params, x, deterministic=True))
+
+
+def test_asking_for_attention_weights_is_an_error():
+    x = _x(14)
+    _, ours = _linen_pair()
+    params = ours.init(jax.random.key(15), x)
+    with pytest.raises(ValueError, match="attention weights"):
+        ours.apply(params, x, sow_weights=True)
+
+
+def test_dtype_argument_casts_like_flax():
+    x = _x(16)
+    ref, ours = _linen_pair(dtype=jnp.bfloat16)
+    params = ref.init(jax.random.key(17), x)
+    got, want = ours.apply(params, x), ref.apply(params, x)
+    assert got.dtype == want.dtype == jnp.bfloat16
+    _close(got.astype(jnp.float32), want.astype(jnp.float32), 5e-2)
