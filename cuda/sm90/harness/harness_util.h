@@ -6,10 +6,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #define CK(x)                                                                                   \
   do {                                                                                          \
@@ -32,3 +34,26 @@ static uint16_t from_f(float f, bool bf16) {
 }
 // f rounded to the 16-bit type and back.
 static float rnd(float f, bool bf16) { return to_f(from_f(f, bf16), bf16); }
+
+// Median milliseconds per launch: `warmup` launches, then `reps` rounds of `inner` launches
+// timed with CUDA events.
+template <class Launch>
+static double median_ms(Launch launch, int warmup, int reps, int inner) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  for (int i = 0; i < warmup; ++i) CK(launch());
+  CK(cudaDeviceSynchronize());
+  std::vector<float> ts;
+  for (int r = 0; r < reps; ++r) {
+    CK(cudaEventRecord(e0));
+    for (int i = 0; i < inner; ++i) launch();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+    ts.push_back(ms / inner);
+  }
+  CK(cudaGetLastError());
+  cudaEventDestroy(e0); cudaEventDestroy(e1);
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}

@@ -209,22 +209,7 @@ static double bench(int H, int S, bool causal, int reps) {
   p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(S) * N * H;
   p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = int64_t(N) * H;
   p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = H;
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) CK(flash_fwd_sm90(p, 0));
-  CK(cudaDeviceSynchronize());
-  std::vector<float> ts;
-  int inner = S <= 1024 ? 10 : 3;
-  for (int r = 0; r < reps; ++r) {
-    CK(cudaEventRecord(e0));
-    for (int i = 0; i < inner; ++i) flash_fwd_sm90(p, 0);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-    ts.push_back(ms / inner);
-  }
-  std::sort(ts.begin(), ts.end());
-  double ms = ts[ts.size() / 2];
+  double ms = median_ms([&] { return flash_fwd_sm90(p, 0); }, 3, reps, S <= 1024 ? 10 : 3);
   double flops = 4.0 * B * N * double(S) * S * H / (causal ? 2 : 1);
   cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o); cudaFree(lse);
   return flops / (ms * 1e-3) / 1e12;

@@ -284,23 +284,7 @@ static double bench(int H, int S, bool causal, int reps) {
       p.dv_row_stride = int64_t(N) * H;
   p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = p.do_head_stride = p.dq_head_stride =
       p.dk_head_stride = p.dv_head_stride = H;
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  for (int i = 0; i < 2; ++i) CK(flash_bwd_sm90(p, 0));
-  CK(cudaDeviceSynchronize());
-  std::vector<float> ts;
-  int inner = S <= 1024 ? 10 : 3;
-  for (int r = 0; r < reps; ++r) {
-    CK(cudaEventRecord(e0));
-    for (int i = 0; i < inner; ++i) flash_bwd_sm90(p, 0);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-    ts.push_back(ms / inner);
-  }
-  CK(cudaGetLastError());
-  std::sort(ts.begin(), ts.end());
-  double ms = ts[ts.size() / 2];
+  double ms = median_ms([&] { return flash_bwd_sm90(p, 0); }, 2, reps, S <= 1024 ? 10 : 3);
   double flops = 2.5 * 4.0 * B * N * double(S) * S * H / (causal ? 2 : 1);
   for (void* x : {q, k, v, o, dO, dq, dk, dv}) cudaFree(x);
   cudaFree(lse); cudaFree(dsum); cudaFree(lse2); cudaFree(sem); cudaFree(acc);
