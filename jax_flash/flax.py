@@ -78,9 +78,7 @@ def dot_product_attention(
         return _flax_attention(query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
                                deterministic, dtype, precision, force_fp32_for_softmax, is_causal, einsums)
 
-    if dtype is not None:
-        query, key, value = (jnp.asarray(x, dtype) for x in (query, key, value))
-    query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
+    query, key, value = (jnp.asarray(x, dtype) for x in (query, key, value))  # dtype None: unchanged
     if query.ndim < 3 or key.ndim != query.ndim or value.ndim != query.ndim:
         raise ValueError(
             f"query/key/value must be [..., L, heads, head_dim] of one rank, got {query.shape}, "
@@ -105,9 +103,9 @@ def _flax_attention(query, key, value, bias, mask, broadcast_dropout, dropout_rn
     import flax.linen as nn  # only needed on the fallback path
 
     if is_causal:  # nnx passes is_causal; Flax's linen function has no such flag
-        causal = nn.make_causal_mask(jnp.zeros(query.shape[:-3] + (query.shape[-3],)), dtype=jnp.bool_)
         if key.shape[-3] != query.shape[-3]:
             raise ValueError("is_causal with query and key of different lengths: pass a mask instead")
+        causal = nn.make_causal_mask(jnp.zeros(query.shape[:-3] + (query.shape[-3],)), dtype=jnp.bool_)
         mask = causal if mask is None else nn.combine_masks(mask, causal)
     return nn.dot_product_attention(
         query, key, value, bias=bias, mask=mask, broadcast_dropout=broadcast_dropout,

@@ -32,9 +32,9 @@ def _linen_pair(**kw):
     return ref, ours
 
 
-def _value_and_grad(module, params, *args, **kw):
-    loss = lambda p, x: jnp.sum(module.apply(p, x, *args[1:], **kw) ** 2)
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, args[0])
+def _value_and_grad(module, params, x):
+    loss = lambda p, x: jnp.sum(module.apply(p, x) ** 2)
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, x)
 
 
 def test_linen_self_attention_matches_default():

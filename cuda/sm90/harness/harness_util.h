@@ -7,10 +7,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <thread>
 #include <vector>
 
 #define CK(x)                                                                                   \
@@ -32,6 +35,16 @@ static uint16_t from_f(float f, bool bf16) {
   else { __half h = __float2half(f); memcpy(&r, &h, 2); }
   return r;
 }
+// f(0..n-1) on all host threads (the float64 references).
+static void parallel_for(int n, const std::function<void(int)>& f) {
+  int nt = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> th;
+  std::atomic<int> next{0};
+  for (int t = 0; t < nt; ++t)
+    th.emplace_back([&] { for (int i; (i = next++) < n;) f(i); });
+  for (auto& t : th) t.join();
+}
+
 // f rounded to the 16-bit type and back.
 static float rnd(float f, bool bf16) { return to_f(from_f(f, bf16), bf16); }
 

@@ -7,15 +7,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
-#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "../../common/mask.h"
@@ -36,15 +33,6 @@ struct Case {
   std::vector<int> q_lens, kv_lens;
   bool packed = false;  // q,k,v slices of one [B,T,3,N,H] tensor (T == S, Nq == Nkv)
 };
-
-static void parallel_for(int n, const std::function<void(int)>& f) {
-  int nt = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> th;
-  std::atomic<int> next{0};
-  for (int t = 0; t < nt; ++t)
-    th.emplace_back([&] { for (int i; (i = next++) < n;) f(i); });
-  for (auto& t : th) t.join();
-}
 
 static bool run_case(const Case& c, uint64_t seed) {
   const bool bf = c.bf16;

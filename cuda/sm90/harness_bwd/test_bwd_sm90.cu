@@ -8,15 +8,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "../../common/mask.h"
@@ -38,15 +35,6 @@ struct Case {
   int64_t q_offset = 0;
   std::vector<int> q_lens, kv_lens;
 };
-
-static void parallel_for(int n, const std::function<void(int)>& f) {
-  int nt = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> th;
-  std::atomic<int> next{0};
-  for (int t = 0; t < nt; ++t)
-    th.emplace_back([&] { for (int i; (i = next++) < n;) f(i); });
-  for (auto& t : th) t.join();
-}
 
 static bool run_case(const Case& c, uint64_t seed) {
   const int H = c.H;
