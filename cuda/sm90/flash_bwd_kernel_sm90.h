@@ -3,7 +3,8 @@
 //   warpgroup 0   : producer; one thread loads the tile's K, V (TMA, once per tile, after the
 //                   consumers released the previous ones) and streams Q / dO blocks of kBlockM
 //                   query rows, with their lse / D rows, through a kStages mbarrier ring.
-//   warpgroups 1-2: consumers; WG w owns keys [64w, 64w+64) of the block:
+//   warpgroups 1-2: consumers, in one of two work splits (BwdTraits::kSplitD):
+//   key split (head_dim 64 / 128, 128 keys per CTA): WG w owns keys [64w, 64w+64) whole:
 //       S^T  = K Q^T, dP^T = V dO^T           (wgmma SS, 64 keys x kBlockM rows per WG)
 //       P^T  = exp2(S^T*scale*log2e - lse*log2e) while dP^T is in flight,
 //       dS^T = P^T (dP^T - D) [* softcap grad]
@@ -11,6 +12,13 @@
 //       dS^T -> smem (MN-major dS, double buffer), named barrier, dQ = dS K (wgmma SS, head_dim
 //       split over WGs); dQ -> smem (fragment order), one bulk reduce-add (cp.reduce.async.bulk)
 //       per WG into dq_accum: no per-thread atomics, contiguous smem writes and reduce.
+//   head-dim split (head_dim 256, 64 keys per CTA): 64 keys x 256 of dK + dV would need 256
+//       accumulator registers per thread in one WG, so both WGs share the 64 keys. S^T / dP^T
+//       are split by query rows (64 keys x kBlockM/2 each), P^T and dS^T meet in smem (double
+//       buffer), and dV, dK, dQ are split by head_dim (wgmma SS). To fit smem, dO has one
+//       stage (released as soon as dV has read it) and dQ is staged half a WG tile at a time
+//       (two bulk reduce-adds per WG per step). Vector atomics from registers instead were
+//       1.3x slower: the register operands of the REDs stay held until the LSU drains them.
 //   lse (log2 domain) and D = rowsum(dO*O) ride with Q and dO: the producer bulk-copies their
 //   padded rows into the same pipeline stage, so consumers read them from smem when needed
 //   instead of holding 2 x 16 registers across the GEMMs.
@@ -36,29 +44,40 @@ struct BwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // query rows per mainloop step
   static constexpr int kBlockN = kBlockN_;  // keys per CTA
-  static constexpr int kStages = kStages_;
-  static constexpr int kMmaWGs = kBlockN / 64;
+  static constexpr int kStages = kStages_;  // Q stages
+  static constexpr int kMmaWGs = 2;
   static constexpr int kMmaThreads = kMmaWGs * 128;
   static constexpr int kThreads = kMmaThreads + 128;
-  static_assert(kMmaWGs == 2 && kBlockM % 64 == 0);
+  // Work split of the two consumer WGs (see the top of this file): by keys when the CTA has
+  // 128 keys, by head_dim (and query rows for S / dP) when it has 64.
+  static constexpr bool kSplitD = kBlockN == 64;
+  static_assert((kBlockN == 128 || kBlockN == 64) && kBlockM % 64 == 0);
+  static constexpr int kStagesdO = kSplitD ? 1 : kStages;
   // dQ partial of one step: kdQFrag floats per consumer thread, one WG's part contiguous.
   static constexpr int kdQFrag = kBlockM * kHeadDim / kMmaThreads;
   static constexpr int kdQWGFloats = 128 * kdQFrag;
   static_assert(kdQFrag % 4 == 0);
+  // dQ goes through smem in kdQRounds pieces of kdQStageFloats per WG (one bulk reduce each).
+  static constexpr int kdQRounds = kSplitD ? 2 : 1;
+  static constexpr int kdQStageFloats = kdQWGFloats / kdQRounds;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
 
-  // S^T / dP^T: (keys, rows), reduction over head_dim. WGs split the keys.
-  using TileShapeSdP = Shape<Int<kBlockN>, Int<kBlockM>, Int<kHeadDim>>;
-  // dK / dV: (keys, head_dim), reduction over rows. WGs split the keys.
-  using TileShapedKV = Shape<Int<kBlockN>, Int<kHeadDim>, Int<kBlockM>>;
+  // S^T / dP^T: (keys, rows), reduction over head_dim; per-WG tile. WGs split the keys, or
+  // (kSplitD) the rows.
+  using TileShapeSdP = Shape<_64, Int<kSplitD ? kBlockM / 2 : kBlockM>, Int<kHeadDim>>;
+  using AtomLayoutSdP = std::conditional_t<kSplitD, Layout<Shape<_1, _2, _1>>, Layout<Shape<_2, _1, _1>>>;
+  // dK / dV: (keys, head_dim), reduction over rows; per-WG tile. WGs split the keys (P^T / dS^T
+  // from registers), or (kSplitD) head_dim (P^T / dS^T from smem).
+  using TileShapedKV = Shape<_64, Int<kSplitD ? kHeadDim / 2 : kHeadDim>, Int<kBlockM>>;
+  using AtomLayoutdKV = std::conditional_t<kSplitD, Layout<Shape<_1, _2, _1>>, Layout<Shape<_2, _1, _1>>>;
+  using MmaAtomdKV = std::conditional_t<
+      kSplitD, decltype(GMMA::ss_op_selector<Element, Element, float, TileShapedKV, GMMA::Major::K, GMMA::Major::MN>()),
+      decltype(GMMA::rs_op_selector<Element, Element, float, TileShapedKV, GMMA::Major::K, GMMA::Major::MN>())>;
   // dQ: (rows, head_dim), reduction over keys; per-atom tile, WGs split head_dim.
   using TileShapedQAtom = Shape<Int<kBlockM>, Int<kHeadDim / 2>, Int<kBlockN>>;
-  using TiledMmaSdP = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, TileShapeSdP>(),
-                                              Layout<Shape<_2, _1, _1>>{}));
-  using TiledMmadKV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, TileShapedKV, GMMA::Major::K, GMMA::Major::MN>(),
-      Layout<Shape<_2, _1, _1>>{}));
+  using TiledMmaSdP = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, TileShapeSdP>(), AtomLayoutSdP{}));
+  using TiledMmadKV = decltype(make_tiled_mma(MmaAtomdKV{}, AtomLayoutdKV{}));
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, TileShapedQAtom, GMMA::Major::MN, GMMA::Major::MN>(),
       Layout<Shape<_1, _2, _1>>{}));
@@ -70,6 +89,10 @@ struct BwdTraits {
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{},
                                  Stride<Int<kBlockM>, _1, Int<kBlockM * kHeadDim>>{})));
+  using SmemLayoutdO = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStagesdO>>{}));
+  using SmemLayoutdOt = decltype(composition(
+      SmemLayoutdO{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStagesdO>>{},
+                                  Stride<Int<kBlockM>, _1, Int<kBlockM * kHeadDim>>{})));
   // K / V: (keys, head_dim); Kt = (head_dim, keys) view.
   using SmemAtomK = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kBlockN>, Int<kHeadDim>>());
   using SmemLayoutK = decltype(tile_to_shape(SmemAtomK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
@@ -77,7 +100,8 @@ struct BwdTraits {
       SmemLayoutK{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Stride<Int<kBlockN>, _1>{})));
   // dS: (rows, keys), rows contiguous (MN-major A of dQ = dS K), so the dS^T accumulator's
   // register pairs (adjacent query rows of one key) go to smem as 32-bit stores through the
-  // dSt = (keys, rows) view.
+  // dSt = (keys, rows) view. Under kSplitD the same view is the K-major A operand of
+  // dK += dS^T Q (and, on the P buffer, of dV += P^T dO).
   using SmemAtomdS = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::MN, Element, Int<kBlockM>, Int<kBlockN>>());
   using SmemLayoutdS = decltype(tile_to_shape(SmemAtomdS{}, Shape<Int<kBlockM>, Int<kBlockN>>{}, Step<_2, _1>{}));
   using SmemLayoutdSt = decltype(composition(
@@ -95,23 +119,27 @@ struct BwdTraits {
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = cutlass::PipelineState<kStages>;
+  using PipelinedO = cutlass::PipelineTmaAsync<kStagesdO>;
+  using PipelineStatedO = cutlass::PipelineState<kStagesdO>;
 
   static constexpr int kdSSize = cute::cosize_v<SmemLayoutdS>;
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutdO>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> v;
     cute::array_aligned<Element, 2 * kdSSize, 1024> ds;  // double buffer
-    cute::array_aligned<float, kBlockM * kHeadDim, 128> dq;
+    cute::array_aligned<Element, kSplitD ? 2 * kdSSize : 0, 1024> p;  // P, same layout as dS
+    cute::array_aligned<float, kMmaWGs * kdQStageFloats, 128> dq;  // dQ staging
     alignas(16) float lse[kStages][kBlockM];   // lse * log2(e)
-    alignas(16) float dsum[kStages][kBlockM];  // rowsum(dO * O)
+    alignas(16) float dsum[kStagesdO][kBlockM];  // rowsum(dO * O)
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;  // K, V of the tile landed
     alignas(16) cutlass::arch::ClusterBarrier barrier_kv_empty;         // consumers done with them
     alignas(16) typename Pipeline::SharedStorage pipe_q;
-    alignas(16) typename Pipeline::SharedStorage pipe_do;
+    alignas(16) typename PipelinedO::SharedStorage pipe_do;
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= 227 * 1024, "sm90 shared memory per block");
 };
 
 template <class Traits>
@@ -203,7 +231,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   pp.num_consumers = T::kMmaThreads;
   pp.transaction_bytes = T::kBytesQ;
   typename T::Pipeline pipe_q(ss.pipe_q, pp, Shape<_1, _1, _1>{});
-  typename T::Pipeline pipe_do(ss.pipe_do, pp, Shape<_1, _1, _1>{});
+  typename T::PipelinedO::Params ppdo;
+  ppdo.role = warp_group == 0 ? T::PipelinedO::ThreadCategory::Producer : T::PipelinedO::ThreadCategory::Consumer;
+  ppdo.is_leader = pp.is_leader;
+  ppdo.num_consumers = pp.num_consumers;
+  ppdo.transaction_bytes = pp.transaction_bytes;
+  typename T::PipelinedO pipe_do(ss.pipe_do, ppdo, Shape<_1, _1, _1>{});
   __syncthreads();
   int const group = p.heads_q / p.heads_kv;
 
@@ -214,7 +247,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
     if (warp_in_wg == 0 && threadIdx.x == 0) {
       Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
-      Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQ{});
+      Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutdO{});
       Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
       Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutK{});
       Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
@@ -229,6 +262,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       Tensor tdOs = group_modes<0, 3>(cdo.partition_D(sdO));
       using BarrierT = cutlass::arch::ClusterTransactionBarrier::ValueType;
       auto wr = cutlass::make_producer_start_state<typename T::Pipeline>();
+      auto wr_do = cutlass::make_producer_start_state<typename T::PipelinedO>();
       int loaded = 0;
       for (int r = 0;; ++r) {
         int const linear = snake_tile(r);
@@ -258,17 +292,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
                group_modes<0, 3>(cq.partition_S(gQ)), tQs(_, wr.index()));
           SM90_BULK_COPY_G2S::copy(p.lse_log2 + stats, pipe_q.producer_get_barrier(wr), ss.lse[wr.index()],
                                    kBlockM * sizeof(float));
-          pipe_do.producer_acquire(wr);
-          copy(kp.tma_do.with(*pipe_do.producer_get_barrier(wr), 0, TMA::CacheHintSm90::EVICT_LAST),
-               group_modes<0, 3>(cdo.partition_S(gdO)), tdOs(_, wr.index()));
-          SM90_BULK_COPY_G2S::copy(p.dsum + stats, pipe_do.producer_get_barrier(wr), ss.dsum[wr.index()],
+          pipe_do.producer_acquire(wr_do);
+          copy(kp.tma_do.with(*pipe_do.producer_get_barrier(wr_do), 0, TMA::CacheHintSm90::EVICT_LAST),
+               group_modes<0, 3>(cdo.partition_S(gdO)), tdOs(_, wr_do.index()));
+          SM90_BULK_COPY_G2S::copy(p.dsum + stats, pipe_do.producer_get_barrier(wr_do), ss.dsum[wr_do.index()],
                                    kBlockM * sizeof(float));
           ++wr;
+          ++wr_do;
         }
         ++loaded;
       }
       pipe_q.producer_tail(wr);
-      pipe_do.producer_tail(wr);
+      pipe_do.producer_tail(wr_do);
     }
     return;
   }
@@ -282,9 +317,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
   Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutdO{});
   Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQt{});
-  Tensor sdOt = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutdOt{});
   Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutK{});
   Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutKt{});
@@ -309,6 +344,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   constexpr int kRowsK = decltype(size<0>(cS_rc))::value;  // keys owned by this thread
 
   typename T::PipelineState rd;
+  typename T::PipelineStatedO rd_do;
   int loaded = 0;
   for (int r = 0;; ++r) {
     int const linear = snake_tile(r);
@@ -319,7 +355,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     int m_min, nm;
     row_block_range<kBlockM, kBlockN>(msk, n_block, m_min, nm);
     int const n_iters = nm * group;
-    int const key0_wg = n_block * kBlockN + wg * 64;
+    int const key0_wg = n_block * kBlockN + (T::kSplitD ? 0 : wg * 64);  // this WG's keys
     clear(tdVrdV);
     clear(tdKrdK);
     if (n_iters > 0) {
@@ -334,13 +370,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         bwd_consumer_wait(pipe_q, rd);
         wg_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, rd.index()), tSrS);
-        bwd_consumer_wait(pipe_do, rd);
-        wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, rd.index()), tdPrdP);
+        bwd_consumer_wait(pipe_do, rd_do);
+        wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, rd_do.index()), tdPrdP);
         Tensor s_rc = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
         Tensor dp_rc = make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));
         bool const full = msk.tile_full(row0, row0 + kBlockM, key0_wg, key0_wg + 64);
         float const* s_lse = ss.lse[rd.index()];
-        float const* s_dsum = ss.dsum[rd.index()];
+        float const* s_dsum = ss.dsum[rd_do.index()];
         // P^T = exp2(logit * scale_log2 - lse2); element-wise mask only on boundary tiles (the
         // masked variant is a separate loop so the full-tile loop has no branches).
         auto prob = [&](auto masked, float x, float lse2, int i, int j) {
@@ -393,51 +429,82 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         Tensor tdSr16 = make_tensor<Element>(tSrS.layout());
         convert_out(tSrS, tPr16);
         convert_out(tdPrdP, tdSr16);
-        Tensor tPrA = make_tensor(tPr16.data(), acc_to_Aregs(tPr16.layout()));
-        Tensor tdSrA = make_tensor(tdSr16.data(), acc_to_Aregs(tdSr16.layout()));
-        wg_gemm<false, -1>(mma_dkv, tPrA, tdVrdO(_, _, _, rd.index()), tdVrdV);
-        wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
-        // dS^T -> smem (as dS, keys contiguous) for dQ = dS K over all keys of the block.
-        {
-          Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdSt{});
-          Tensor tdSs = recast<uint32_t>(thr_sdp.partition_C(sdSt));
-          Tensor tdSr32 = recast<uint32_t>(tdSr16);
+        // 16-bit accumulator pairs (adjacent query rows of one key) -> smem (keys, rows) view.
+        auto store_pairs = [&](Element* base, auto const& frag16) {
+          Tensor st = make_tensor(make_smem_ptr(base), typename T::SmemLayoutdSt{});
+          Tensor tSs = recast<uint32_t>(thr_sdp.partition_C(st));
+          Tensor r32 = recast<uint32_t>(frag16);
           CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < size(tdSr32); ++i) {  // st.shared: the recast view alone compiles to generic stores
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(cute::cast_smem_ptr_to_uint(&tdSs(i))), "r"(tdSr32(i)));
+          for (int i = 0; i < size(r32); ++i) {  // st.shared: the recast view alone compiles to generic stores
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(cute::cast_smem_ptr_to_uint(&tSs(i))), "r"(r32(i)));
           }
+        };
+        if constexpr (!T::kSplitD) {
+          Tensor tPrA = make_tensor(tPr16.data(), acc_to_Aregs(tPr16.layout()));
+          Tensor tdSrA = make_tensor(tdSr16.data(), acc_to_Aregs(tdSr16.layout()));
+          wg_gemm<false, -1>(mma_dkv, tPrA, tdVrdO(_, _, _, rd_do.index()), tdVrdV);
+          wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
+          // dS^T -> smem (as dS, keys contiguous) for dQ = dS K over all keys of the block.
+          store_pairs(ss.ds.data() + buf * T::kdSSize, tdSr16);
+          // The previous step's dQ reduce must have read ss.dq before anyone rewrites it.
+          if (tidx % 128 == 0) tma_store_wait<0>();
+          cutlass::arch::fence_view_async_shared();
+          cutlass::arch::NamedBarrier::sync(T::kMmaThreads, kBwdBarDS);
+        } else {
+          // Each WG holds P^T / dS^T for half the rows: both halves meet in smem, then every
+          // WG reads all rows for its head_dim half of dV and dK.
+          store_pairs(ss.p.data() + buf * T::kdSSize, tPr16);
+          store_pairs(ss.ds.data() + buf * T::kdSSize, tdSr16);
+          if (tidx % 128 == 0) tma_store_wait<0>();  // as above
+          cutlass::arch::fence_view_async_shared();
+          cutlass::arch::NamedBarrier::sync(T::kMmaThreads, kBwdBarDS);
+          Tensor sPt = make_tensor(make_smem_ptr(ss.p.data() + buf * T::kdSSize), typename T::SmemLayoutdSt{});
+          Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdSt{});
+          wg_gemm<false, -1>(mma_dkv, wg_dkv.partition_fragment_A(sPt), tdVrdO(_, _, _, rd_do.index()), tdVrdV);
+          wg_gemm<false, -1>(mma_dkv, wg_dkv.partition_fragment_A(sdSt), tdKrQ(_, _, _, rd.index()), tdKrdK);
         }
-        // The previous step's dQ reduce must have read ss.dq before anyone rewrites it.
-        if (tidx % 128 == 0) tma_store_wait<0>();
-        cutlass::arch::fence_view_async_shared();
-        cutlass::arch::NamedBarrier::sync(T::kMmaThreads, kBwdBarDS);
         Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdS{});
         Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);
         Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
         wg_gemm<true, -1>(mma_dq, tdQrdS, tdQrK, tdQrdQ);
+        warpgroup_wait<2>();  // dV, the last reader of this dO stage, is done
+        pipe_do.consumer_release(rd_do);
+        ++rd_do;
         warpgroup_wait<0>();
         pipe_q.consumer_release(rd);
-        pipe_do.consumer_release(rd);
         ++rd;
-        // dQ partial -> smem -> one bulk reduce-add per WG into dq_accum (rows past seqlen_q
-        // add zeros: P is 0 there).
+        // dQ partial -> smem (fragment order) -> bulk reduce-add into dq_accum, in kdQRounds
+        // pieces per WG (rows past seqlen_q add zeros: P is 0 there).
+        float* acc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * kp.acc_rows + row0) * kp.acc_cols + wg * T::kdQWGFloats;
+        int* sem = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * (kp.acc_rows / 64) + row0 / 64;
+        float* stage = ss.dq.data() + wg * T::kdQStageFloats;
+        constexpr int kPieceFrag = T::kdQFrag / T::kdQRounds;
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < T::kdQFrag; i += 4)
-          *reinterpret_cast<float4*>(ss.dq.data() + dq_frag_offset<T>(tidx, i)) =
-              make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
-        cutlass::arch::fence_view_async_shared();
-        cutlass::arch::NamedBarrier::sync(128, kBwdBarDQ + wg);
-        if (tidx % 128 == 0) {
-          float* acc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * kp.acc_rows + row0) * kp.acc_cols;
-          int* sem = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * (kp.acc_rows / 64) + row0 / 64;
-          if constexpr (Deterministic) {
-            int n_lo, n_hi;
-            key_block_range<kBlockM, kBlockN>(msk, m, n_lo, n_hi);
-            dq_wait_turn(sem, 2 * (n_block - n_lo));
+        for (int r = 0; r < T::kdQRounds; ++r) {
+          if (r > 0) {  // the previous piece's reduce must have read the staging buffer
+            if (tidx % 128 == 0) tma_store_wait<0>();
+            cutlass::arch::NamedBarrier::sync(128, kBwdBarDQ + wg);
           }
-          bulk_reduce_add_f32(acc + wg * T::kdQWGFloats, ss.dq.data() + wg * T::kdQWGFloats, T::kdQWGFloats * sizeof(float));
-          tma_store_arrive();
-          if constexpr (Deterministic) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = r * kPieceFrag; i < (r + 1) * kPieceFrag; i += 4)
+            *reinterpret_cast<float4*>(stage + dq_frag_offset<T>(tidx, i) - wg * T::kdQWGFloats - r * T::kdQStageFloats) =
+                make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
+          cutlass::arch::fence_view_async_shared();
+          cutlass::arch::NamedBarrier::sync(128, kBwdBarDQ + wg);
+          if (tidx % 128 == 0) {
+            if constexpr (Deterministic) {
+              if (r == 0) {
+                int n_lo, n_hi;
+                key_block_range<kBlockM, kBlockN>(msk, m, n_lo, n_hi);
+                dq_wait_turn(sem, 2 * (n_block - n_lo));
+              }
+            }
+            bulk_reduce_add_f32(acc + r * T::kdQStageFloats, stage, T::kdQStageFloats * sizeof(float));
+            tma_store_arrive();
+          }
+        }
+        if constexpr (Deterministic) {
+          if (tidx % 128 == 0) {
             asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the adds are done, not just read
             __threadfence();
             atomicAdd(sem, 1);

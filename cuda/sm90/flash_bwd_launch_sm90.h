@@ -12,6 +12,8 @@ template <int kHeadDim>
 struct BwdTileConfig;
 template <> struct BwdTileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2; };
 template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, Stages = 2; };
+// 64 keys per CTA: the WGs split head_dim (BwdTraits::kSplitD).
+template <> struct BwdTileConfig<256> { static constexpr int M = 64, N = 64, Stages = 2; };
 
 template <class Traits, bool Softcap, bool Deterministic>
 cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {

@@ -320,6 +320,14 @@ int main(int argc, char** argv) {
     c = {"h64 lens window T97 S1000", 3, 97, 1000, 2, 2}; c.H = 64; c.q_lens = {97, 40, 1}; c.kv_lens = {997, 0, 130};
     c.wl = 200; c.wr = 10; cs.push_back(c);
     c = {"h64 fp16 softcap30 causal T128 S128", 1, 128, 128, 2, 2}; c.H = 64; c.bf16 = false; c.softcap = 30.f; c.causal = true; cs.push_back(c);
+    // Head dim 256: the head-dim-split instantiation (64-key CTAs, dQ by vector atomics).
+    c = {"h256 nc T97 S1000 gqa4", 2, 97, 1000, 4, 1}; c.H = 256; cs.push_back(c);
+    c = {"h256 causal-br T1000 S97", 1, 1000, 97, 2, 2}; c.H = 256; c.causal = true; c.bottom_right = true; cs.push_back(c);
+    c = {"h256 causal-tl T300 S300", 1, 300, 300, 2, 2}; c.H = 256; c.causal = true; cs.push_back(c);
+    c = {"h256 lens window T97 S1000", 3, 97, 1000, 2, 2}; c.H = 256; c.q_lens = {97, 40, 1}; c.kv_lens = {997, 0, 130};
+    c.wl = 200; c.wr = 10; cs.push_back(c);
+    c = {"h256 fp16 softcap30 causal T128 S128", 1, 128, 128, 2, 2}; c.H = 256; c.bf16 = false; c.softcap = 30.f; c.causal = true; cs.push_back(c);
+    c = {"det h256 causal-tl T700 S1000 gqa2", 1, 700, 1000, 4, 2}; c.H = 256; c.causal = true; c.det = true; cs.push_back(c);
     c = {"det causal-tl T1000 S1000 gqa2", 2, 1000, 1000, 4, 2}; c.causal = true; c.det = true; cs.push_back(c);
     c = {"det nc T700 S900", 1, 700, 900, 2, 2}; c.det = true; cs.push_back(c);
     c = {"det h64 lens window T1000 S600", 2, 1000, 600, 2, 1}; c.H = 64; c.det = true; c.wl = 300; c.wr = 20;
@@ -336,7 +344,7 @@ int main(int argc, char** argv) {
   if (do_bench) {
     const int Ss[3] = {1024, 4096, 16384};
     printf("\nbwd bf16 TFLOP/s%s | S=1k  | S=4k  | S=16k |\n", g_det ? " (det)" : "      ");
-    for (int H : {64, 128})
+    for (int H : {64, 128, 256})
       for (int causal = 0; causal < 2; ++causal) {
         if (only_h && H != only_h) continue;
         printf("H=%-3d causal=%-3s      |", H, causal ? "yes" : "no");
