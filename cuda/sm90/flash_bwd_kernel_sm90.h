@@ -152,18 +152,8 @@ struct BwdKernelParams {
   float scale_log2;    // multiplier of the raw (or tanh) logit in the exp2 domain
   float softcap_mult;  // scale / softcap (tanh argument), softcap variant only
   int64_t acc_rows, acc_cols;
-  // Tiles are (key block, kv head, batch); linear tile order from get_tile (scheduler.h).
-  // longest_first: every head's first key blocks (the longest under causal masks) come first.
-  int num_n_blocks, num_bh, num_tiles;
-  bool longest_first;
+  TileSchedule sched;  // (key block, kv head, batch) tiles
 };
-
-template <class Traits>
-__forceinline__ __device__ TileCoord bwd_tile(BwdKernelParams<Traits> const& kp, int linear) {
-  TileCoord t = get_tile(linear, kp.num_n_blocks, kp.num_bh, kp.p.heads_kv, kp.longest_first);
-  if (kp.longest_first) t.m_block = kp.num_n_blocks - 1 - t.m_block;  // key blocks: first is longest
-  return t;
-}
 
 // Query row blocks [m_min, m_min + nm) that key block n_block can see.
 template <int kBlockM, int kBlockN>
@@ -266,8 +256,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       int loaded = 0;
       for (int r = 0;; ++r) {
         int const linear = snake_tile(r);
-        if (linear >= kp.num_tiles) break;
-        TileCoord const t = bwd_tile(kp, linear);
+        if (linear >= kp.sched.num_tiles) break;
+        TileCoord const t = get_tile(linear, kp.sched);
         int m_min, nm;
         row_block_range<kBlockM, kBlockN>(make_seq_mask(p, t.b), t.m_block, m_min, nm);
         int const n_iters = nm * group;
@@ -345,11 +335,44 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
 
   typename T::PipelineState rd;
   typename T::PipelineStatedO rd_do;
+  // dQ staging (see the step's end): piece r of this thread's fragment goes to
+  // stage + dq_piece_offset(r, i). Head-dim split, non-deterministic: the last piece of a step
+  // waits in registers (dq_held) and is staged in the middle of the next step (after P / dS are
+  // stored, when no wgmma is in flight), so the bulk engine's read of each piece overlaps GEMMs
+  // instead of stalling the WG (the back-to-back two-piece handoff took ~20% of stall samples,
+  // NOTES.md v12).
+  constexpr bool kDeferLastPiece = T::kSplitD && !Deterministic;
+  constexpr int kPieceFrag = T::kdQFrag / T::kdQRounds;
+  float* const stage = ss.dq.data() + wg * T::kdQStageFloats;
+  auto dq_piece_offset = [&](int r, int i) {
+    return dq_frag_offset<T>(tidx, i) - wg * T::kdQWGFloats - r * T::kdQStageFloats;
+  };
+  float dq_held[kDeferLastPiece ? kPieceFrag : 1];
+  float* held_dst = nullptr;  // dq_accum destination of dq_held
+  // Stage the held piece and reduce-add it (the previous piece's read must be complete). Called
+  // under loop-uniform conditions and with no wgmma in flight: a branch the compiler cannot prove
+  // uniform while wgmmas are in flight makes it serialize every wgmma of the kernel (C7518).
+  auto flush_held = [&]() {
+    if constexpr (kDeferLastPiece) {
+      if (tidx % 128 == 0) tma_store_wait<0>();
+      cutlass::arch::NamedBarrier::sync(128, kBwdBarDQ + wg);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kPieceFrag; i += 4)
+        *reinterpret_cast<float4*>(stage + dq_piece_offset(T::kdQRounds - 1, i + (T::kdQRounds - 1) * kPieceFrag)) =
+            make_float4(dq_held[i], dq_held[i + 1], dq_held[i + 2], dq_held[i + 3]);
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(128, kBwdBarDQ + wg);
+      if (tidx % 128 == 0) {
+        bulk_reduce_add_f32(held_dst, stage, T::kdQStageFloats * sizeof(float));
+        tma_store_arrive();
+      }
+    }
+  };
   int loaded = 0;
   for (int r = 0;; ++r) {
     int const linear = snake_tile(r);
-    if (linear >= kp.num_tiles) break;
-    TileCoord const tile = bwd_tile(kp, linear);
+    if (linear >= kp.sched.num_tiles) break;
+    TileCoord const tile = get_tile(linear, kp.sched);
     int const n_block = tile.m_block, h_kv = tile.h, b = tile.b;
     SeqMask const msk = make_seq_mask(p, b);
     int m_min, nm;
@@ -455,7 +478,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           // WG reads all rows for its head_dim half of dV and dK.
           store_pairs(ss.p.data() + buf * T::kdSSize, tPr16);
           store_pairs(ss.ds.data() + buf * T::kdSSize, tdSr16);
-          if (tidx % 128 == 0) tma_store_wait<0>();  // as above
+          if constexpr (kDeferLastPiece) {
+            if (it > 0) flush_held();  // the previous step's last dQ piece (no wgmma in flight here)
+          } else {
+            if (tidx % 128 == 0) tma_store_wait<0>();  // as above
+          }
           cutlass::arch::fence_view_async_shared();
           cutlass::arch::NamedBarrier::sync(T::kMmaThreads, kBwdBarDS);
           Tensor sPt = make_tensor(make_smem_ptr(ss.p.data() + buf * T::kdSSize), typename T::SmemLayoutdSt{});
@@ -477,18 +504,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         // pieces per WG (rows past seqlen_q add zeros: P is 0 there).
         float* acc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * kp.acc_rows + row0) * kp.acc_cols + wg * T::kdQWGFloats;
         int* sem = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * (kp.acc_rows / 64) + row0 / 64;
-        float* stage = ss.dq.data() + wg * T::kdQStageFloats;
-        constexpr int kPieceFrag = T::kdQFrag / T::kdQRounds;
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < T::kdQRounds; ++r) {
-          if (r > 0) {  // the previous piece's reduce must have read the staging buffer
+          if (kDeferLastPiece && r == T::kdQRounds - 1) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < kPieceFrag; ++i) dq_held[i] = tdQrdQ(r * kPieceFrag + i);
+            held_dst = acc + r * T::kdQStageFloats;
+            break;
+          }
+          if (r > 0 || kDeferLastPiece) {  // the previous piece's reduce must have read the staging buffer
             if (tidx % 128 == 0) tma_store_wait<0>();
             cutlass::arch::NamedBarrier::sync(128, kBwdBarDQ + wg);
           }
           CUTLASS_PRAGMA_UNROLL
           for (int i = r * kPieceFrag; i < (r + 1) * kPieceFrag; i += 4)
-            *reinterpret_cast<float4*>(stage + dq_frag_offset<T>(tidx, i) - wg * T::kdQWGFloats - r * T::kdQStageFloats) =
-                make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
+            *reinterpret_cast<float4*>(stage + dq_piece_offset(r, i)) = make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
           cutlass::arch::fence_view_async_shared();
           cutlass::arch::NamedBarrier::sync(128, kBwdBarDQ + wg);
           if (tidx % 128 == 0) {
@@ -511,6 +541,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           }
         }
       }
+      if (kDeferLastPiece) flush_held();
       ss.barrier_kv_empty.arrive();  // the last dQ GEMM (the last reader of K / V) has completed
       ++loaded;
     }

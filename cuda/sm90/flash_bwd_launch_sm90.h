@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "flash_bwd_kernel_sm90.h"
+#include "support.h"
 
 namespace jax_flash::sm90 {
 
@@ -66,24 +67,24 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   constexpr int smem = T::kSmemBytes;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  // Causal / right-bounded masks: every head's first key blocks (the longest) first, so the
-  // longest tiles do not start last. Otherwise a head's key blocks stay adjacent (Q/dO in L2).
-  // Persistent (one CTA per SM, snake order) overlaps a tile's dK/dV stores with the next
-  // tile's loads (+1-2% at S=1k). Causal / right-bounded problems keep one CTA per tile: the
-  // hardware's dynamic dispatch balances tiles of different lengths better (NOTES.md, v6).
+  // Causal / right-bounded masks: the first key blocks (the longest) first, over chunks of
+  // heads, so the longest tiles do not start last. Otherwise a head's key blocks stay adjacent
+  // (Q/dO in L2). Persistent (one CTA per SM, snake order) overlaps a tile's dK/dV stores with
+  // the next tile's loads (+1-2% at S=1k). Causal / right-bounded problems keep one CTA per
+  // tile: the hardware's dynamic dispatch balances tiles of different lengths better (v6).
   int64_t const tiles = int64_t(n_blocks) * p.heads_kv * p.batch;
   if (tiles > 0x7fffffff) return cudaErrorNotSupported;
-  kp.num_n_blocks = n_blocks;
-  kp.num_bh = p.heads_kv * p.batch;
-  kp.num_tiles = int(tiles);
-  kp.longest_first = p.window_right >= 0;
-  int dev = 0, sms = 0;
-  err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  bool const longest_first = p.window_right >= 0;
+  // A kv head's Q + dO (all q heads of its group) in L2.
+  int64_t const qdo_bytes = int64_t(p.seqlen_q) * p.head_dim * 2 * int64_t(sizeof(Element)) * (p.heads_q / p.heads_kv);
+  kp.sched = {n_blocks, p.heads_kv * p.batch, p.heads_kv, heads_per_l2_chunk(qdo_bytes), int(tiles),
+              longest_first ? TileOrder::kFirstBlockLongest : TileOrder::kByHead};
+  int sms = 0;
+  err = sm_count(&sms);
   if (err != cudaSuccess) return err;
   // Deterministic: a CTA waits for the lower key blocks' dQ turns, so those must have been
   // launched already: one CTA per tile, in tile order.
-  bool const persistent = !kp.longest_first && !p.deterministic;
+  bool const persistent = !longest_first && !p.deterministic;
   int const grid = int(persistent && tiles > sms ? sms : tiles);
   kernel<<<dim3(unsigned(grid)), dim3(T::kThreads), smem, stream>>>(kp);
   err = cudaGetLastError();

@@ -39,10 +39,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_c
       bool const leader = cute::elect_one_sync();
       auto wr = cutlass::make_producer_start_state<typename T::Pipeline>();
       bool q_loaded = false;
-      for (int r = 0; r * int(gridDim.x) < kp.num_tiles; ++r) {
+      for (int r = 0; r * int(gridDim.x) < kp.sched.num_tiles; ++r) {
         int const tile = snake_tile(r);
-        if (tile >= kp.num_tiles) continue;
-        TileCoord tc = get_tile(tile, kp.num_m_blocks, kp.num_bh, p.heads_q, kp.longest_first);
+        if (tile >= kp.sched.num_tiles) continue;
+        TileCoord tc = get_tile(tile, kp.sched);
         SeqMask msk = make_seq_mask(p, tc.b);
         int n_min, n_max;
         key_block_range<T::kBlockM, T::kBlockN>(msk, tc.m_block, n_min, n_max);
@@ -68,10 +68,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_c
     typename T::PipelineState rd;
     int q_phase = 0;
     float const log2e = 1.44269504088896340736f;
-    for (int r = 0; r * int(gridDim.x) < kp.num_tiles; ++r) {
+    for (int r = 0; r * int(gridDim.x) < kp.sched.num_tiles; ++r) {
       int const tile = snake_tile(r);
-      if (tile >= kp.num_tiles) continue;
-      TileCoord tc = get_tile(tile, kp.num_m_blocks, kp.num_bh, p.heads_q, kp.longest_first);
+      if (tile >= kp.sched.num_tiles) continue;
+      TileCoord tc = get_tile(tile, kp.sched);
       SeqMask msk = make_seq_mask(p, tc.b);
       int n_min, n_max;
       key_block_range<T::kBlockM, T::kBlockN>(msk, tc.m_block, n_min, n_max);

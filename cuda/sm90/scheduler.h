@@ -12,21 +12,48 @@ struct TileCoord {
   int m_block, h, b;
 };
 
-// Causal / right-windowed work shrinks with the row block: hand out the longest (last) row
-// blocks of every head first so the tail of the grid is made of short tiles. Otherwise keep
-// the row blocks of one head adjacent so they share K/V in L2.
-__forceinline__ __device__ TileCoord get_tile(int linear, int num_m_blocks, int num_bh, int heads_q, bool longest_first) {
+// The tile index space: (block, head, batch), blocks being query blocks (forward) or key
+// blocks (backward). kByHead keeps the blocks of one head adjacent, so the CTAs running at
+// once share that head's K/V (Q/dO) in L2. Under causal / right-bounded masks the work per
+// block varies, and the longest blocks go first so the tail of the grid is short tiles; the
+// longest block is the last one (forward) or the first one (backward). Longest-first runs over
+// chunks of heads_per_chunk heads: over all heads at once, each running CTA would read a
+// different head and miss in L2 (the S=1k causal case, NOTES.md).
+enum class TileOrder : int { kByHead, kLastBlockLongest, kFirstBlockLongest };
+
+struct TileSchedule {
+  int num_blocks;       // blocks per head
+  int num_bh;           // batch * heads
+  int heads;            // heads per batch (h = bh % heads)
+  int heads_per_chunk;  // longest-first orders only
+  int num_tiles;        // num_blocks * num_bh
+  TileOrder order;
+};
+
+// Heads per longest-first chunk: about kChunkBytes of per-head operands (K/V forward, Q/dO
+// backward) per chunk, so the ~2 chunks in flight stay well inside the 50 MB L2.
+inline int heads_per_l2_chunk(int64_t bytes_per_head) {
+  constexpr int64_t kChunkBytes = int64_t(8) << 20;
+  int64_t const h = bytes_per_head > 0 ? kChunkBytes / bytes_per_head : kChunkBytes;
+  return int(h < 1 ? 1 : (h > (1 << 20) ? (1 << 20) : h));
+}
+
+__forceinline__ __device__ TileCoord get_tile(int linear, TileSchedule const& s) {
   TileCoord t;
   int bh;
-  if (longest_first) {
-    t.m_block = num_m_blocks - 1 - linear / num_bh;
-    bh = linear % num_bh;
+  if (s.order == TileOrder::kByHead) {
+    t.m_block = linear % s.num_blocks;
+    bh = linear / s.num_blocks;
   } else {
-    t.m_block = linear % num_m_blocks;
-    bh = linear / num_m_blocks;
+    int const chunk_tiles = s.heads_per_chunk * s.num_blocks;
+    int const bh0 = linear / chunk_tiles * s.heads_per_chunk, in = linear % chunk_tiles;
+    int const nh = min(s.heads_per_chunk, s.num_bh - bh0);  // the last chunk may be short
+    int const rank = in / nh;                               // 0 = longest
+    bh = bh0 + in % nh;
+    t.m_block = s.order == TileOrder::kLastBlockLongest ? s.num_blocks - 1 - rank : rank;
   }
-  t.h = bh % heads_q;
-  t.b = bh / heads_q;
+  t.h = bh % s.heads;
+  t.b = bh / s.heads;
   return t;
 }
 

@@ -29,6 +29,14 @@ inline bool on_sm90() {
   return cached[dev] == 90;
 }
 
+// Multiprocessor count of the current device (persistent grids).
+inline cudaError_t sm_count(int* sms) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+  return err;
+}
+
 // Dtype, sizes, and q/k/v/o alignment and strides that every sm90 kernel needs.
 inline bool fwd_operands_ok(const FlashFwdParams& p) {
   if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16) return false;

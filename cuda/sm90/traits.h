@@ -9,6 +9,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "../common/flash_params.h"
+#include "scheduler.h"
 
 namespace jax_flash::sm90 {
 using namespace cute;
@@ -83,10 +84,7 @@ struct KernelParams {
   typename Traits::TMA_V tma_v;
   float scale_log2;    // multiplier of raw (or tanh-capped) logits in the exp2 domain
   float softcap_mult;  // scale / softcap (tanh argument multiplier), softcap variant only
-  int num_m_blocks;
-  int num_bh;     // batch * heads_q
-  int num_tiles;  // num_m_blocks * num_bh
-  bool longest_first;
+  TileSchedule sched;  // (query block, q head, batch) tiles
 };
 
 }  // namespace jax_flash::sm90
