@@ -119,7 +119,7 @@ def flash_attention(
       deterministic: GPU backward with the same bits run to run (dQ partial sums are added
         in a fixed order; about 30-40% slower on Hopper). The CPU backend always is.
       kernel: "auto", "portable" (sm80 path) or "hopper" (sm90 path); ignored on CPU. The
-        Hopper backward covers head_dim 64 and 128 (others use the portable backward).
+        Hopper backward covers head_dim 64, 128 and 256 (others use the portable backward).
 
     A row with no visible key returns 0 (lse -inf) and gets zero gradients.
     vmap over any axis of any subset of q/k/v folds into the kernel's batch or head

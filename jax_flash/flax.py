@@ -4,15 +4,21 @@
     nn.MultiHeadDotProductAttention(num_heads=8, attention_fn=jax_flash.flax.dot_product_attention)
     flax.nnx.MultiHeadAttention(..., attention_fn=jax_flash.flax.dot_product_attention)
 
-`dot_product_attention` accepts every argument those modules pass. What jax_flash's kernels
-compute exactly (no mask and no bias, causal through `is_causal`, no active dropout) runs
-on the kernels; everything else (a dense `mask` or `bias`, active dropout, the linen decode
-cache's mask) runs Flax's own attention, `flax.linen.dot_product_attention`, unchanged, and
-says so once with a `JaxFlashFallbackWarning`. Masks are traced arrays inside a jitted
-module, so their values cannot be inspected to recognise a causal or padding mask; use
-`causal_attention` (linen's module has no `is_causal`) and drop the mask to get the kernel.
+`dot_product_attention` accepts every argument those modules pass and does, per call:
+- no mask, no bias, no active dropout: the kernels (causal through `is_causal`, or
+  `causal_attention` for linen's module, which has no `is_causal`);
+- a `mask` (bool or 0/1 float) without bias or dropout: masks are traced arrays inside a jitted
+  module, so the choice is made on the device, by `lax.cond`. When every row of batch b sees
+  exactly the keys [0, L_b) with L_b >= 1 (key padding from `make_attention_mask`, the linen /
+  nnx decode cache's `arange(max_length) <= cur_index` mask), the kernels run with
+  `key_value_seq_lengths=L` and only read the L_b live keys; any other mask runs Flax's own
+  attention. Both give Flax's result (a fully masked row is the one case they would disagree
+  on, so it goes to Flax);
+- a `bias` or active dropout: Flax's own attention, `flax.linen.dot_product_attention`,
+  unchanged, with a `JaxFlashFallbackWarning` (once per trace).
 Asking for the attention weights (`module` set, i.e. `sow_weights=True`) is an error: the
-kernels never form them.
+kernels never form them. A causal mask passed as a mask is not a key prefix and so takes
+Flax's attention: pass `is_causal` (or use `causal_attention`) instead.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import functools
 import math
 import warnings
 
+import jax
 import jax.numpy as jnp
 
 from . import attention as _attention
@@ -64,7 +71,6 @@ def dot_product_attention(
         )
     dropout_active = dropout_rate > 0.0 and not deterministic
     reasons = [name for name, used in (
-        ("mask", mask is not None),
         ("bias", bias is not None),
         ("dropout", dropout_active),
         ("einsum overrides", any(f is not None for f in einsums.values())),
@@ -78,6 +84,13 @@ def dot_product_attention(
         return _flax_attention(query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
                                deterministic, dtype, precision, force_fp32_for_softmax, is_causal, einsums)
 
+    if mask is not None:
+        return _masked_attention(query, key, value, mask, dtype, precision, force_fp32_for_softmax, is_causal)
+    return _kernel_attention(query, key, value, dtype, is_causal)
+
+
+def _kernel_attention(query, key, value, dtype, is_causal, kv_lengths=None):
+    """The kernels; kv_lengths (int32, batch dims flattened) bounds the keys each batch sees."""
     query, key, value = (jnp.asarray(x, dtype) for x in (query, key, value))  # dtype None: unchanged
     if query.ndim < 3 or key.ndim != query.ndim or value.ndim != query.ndim:
         raise ValueError(
@@ -89,8 +102,45 @@ def dot_product_attention(
         raise ValueError(f"query/key/value batch dims differ: {query.shape}, {key.shape}, {value.shape}")
     # Any number of batch dims (Flax allows several) folds into the kernel's one.
     flat = lambda x: x.reshape((math.prod(batch),) + x.shape[-3:])
-    out = _attention.dot_product_attention(flat(query), flat(key), flat(value), is_causal=is_causal)
+    out = _attention.dot_product_attention(flat(query), flat(key), flat(value), is_causal=is_causal,
+                                           key_value_seq_lengths=kv_lengths)
     return out.reshape(batch + out.shape[1:])
+
+
+def key_prefix_lengths(mask, batch_shape, heads: int, q_len: int, kv_len: int):
+    """(L, ok) for a Flax mask broadcastable to batch_shape + [heads, q_len, kv_len].
+
+    L[b] (int32, batch dims flattened) is the number of keys row 0 of head 0 sees; ok is True
+    when every row of every head of every batch element sees exactly the keys [0, L[b]) and
+    every L[b] >= 1, i.e. when the mask equals key_value_seq_lengths=L.
+    """
+    m = jnp.broadcast_to(jnp.asarray(mask) != 0, tuple(batch_shape) + (heads, q_len, kv_len))
+    m = m.reshape((-1, heads, q_len, kv_len))
+    lengths = jnp.sum(m[:, 0, 0, :], axis=-1, dtype=jnp.int32)
+    prefix = jnp.arange(kv_len, dtype=jnp.int32) < lengths[:, None, None, None]
+    ok = jnp.all(m == prefix) & jnp.all(lengths >= 1)
+    return lengths, ok
+
+
+def _masked_attention(query, key, value, mask, dtype, precision, force_fp32_for_softmax, is_causal):
+    """A mask without bias or dropout: the kernels with key lengths when the mask is a key
+    prefix (decided on the device), Flax's attention otherwise."""
+    if query.ndim < 3 or key.ndim != query.ndim:
+        raise ValueError(f"query/key must be [..., L, heads, head_dim] of one rank, got {query.shape}, {key.shape}")
+    batch, (q_len, heads), kv_len = query.shape[:-3], query.shape[-3:-1], key.shape[-3]
+    lengths, ok = key_prefix_lengths(mask, batch, heads, q_len, kv_len)
+
+    def kernels(operands):
+        q, k, v, lens = operands
+        return _kernel_attention(q, k, v, dtype, is_causal, lens)
+
+    def flax_attention(operands):
+        q, k, v, _ = operands
+        out = _flax_attention(q, k, v, None, mask, True, None, 0.0, True, dtype, precision,
+                              force_fp32_for_softmax, is_causal, {})
+        return out.astype(jnp.asarray(q, dtype).dtype)  # the kernels' output dtype
+
+    return jax.lax.cond(ok, kernels, flax_attention, (query, key, value, lengths))
 
 
 causal_attention = functools.partial(dot_product_attention, is_causal=True)

@@ -1,6 +1,7 @@
 """jax_flash.flax: the attention_fn of Flax's linen and nnx attention modules. Same outputs
-and gradients as the modules' default attention; what the kernels cannot compute runs
-Flax's own attention (with a warning); attention weights are an error."""
+and gradients as the modules' default attention; key-prefix masks (padding, the decode cache)
+run the kernels with lengths, other masks Flax's own attention (chosen on the device); bias
+and active dropout run Flax's attention with a warning; attention weights are an error."""
 
 import warnings
 
@@ -87,15 +88,71 @@ def test_nnx_is_causal_matches_default_values_and_grads():
     jax.tree.map(_close, nnx.state(g1, nnx.Param), nnx.state(g0, nnx.Param))
 
 
-def test_dense_mask_falls_back_to_flax_with_a_warning():
+@pytest.fixture
+def kernel_runs(monkeypatch):
+    """Counts the executions (not traces) of the kernel branch: masks choose it on the device."""
+    runs = []
+    kernel = jf._kernel_attention
+
+    def spy(*args, **kwargs):
+        jax.debug.callback(lambda: runs.append(1))
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(jf, "_kernel_attention", spy)
+    return runs
+
+
+def test_key_padding_mask_runs_the_kernels_with_lengths(kernel_runs):
     x = _x(8)
     ref, ours = _linen_pair()
     params = ref.init(jax.random.key(9), x)
-    keep = jax.random.bernoulli(jax.random.key(10), 0.7, (B, T))
-    mask = nn.make_attention_mask(keep, keep)
-    with pytest.warns(jf.JaxFlashFallbackWarning, match="mask"):
-        got = ours.apply(params, x, mask=mask)
+    key_valid = jnp.arange(T)[None, :] < jnp.array([T, 20])[:, None]
+    mask = nn.make_attention_mask(jnp.ones((B, T), bool), key_valid)  # [B, 1, T, T]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jf.JaxFlashFallbackWarning)
+        got = jax.jit(ours.apply)(params, x, mask=mask)
+    jax.effects_barrier()
     _close(got, ref.apply(params, x, mask=mask))
+    assert kernel_runs == [1]
+    lengths, ok = jf.key_prefix_lengths(mask, (B,), HEADS, T, T)
+    assert bool(ok) and lengths.tolist() == [T, 20]
+
+
+def test_other_masks_run_flax_attention_exactly(kernel_runs):
+    x = _x(18)
+    ref, ours = _linen_pair()
+    params = ref.init(jax.random.key(19), x)
+    keep = jax.random.bernoulli(jax.random.key(10), 0.7, (B, T))
+    masks = {
+        "random padding (query rows masked too)": nn.make_attention_mask(keep, keep),
+        "causal as a mask": nn.make_causal_mask(jnp.ones((B, T))),
+        "an empty key prefix": nn.make_attention_mask(jnp.ones((B, T)), jnp.zeros((B, T))),
+    }
+    for name, mask in masks.items():
+        got = jax.jit(ours.apply)(params, x, mask=mask)
+        jax.effects_barrier()
+        _close(got, ref.apply(params, x, mask=mask))
+        assert not kernel_runs, name
+
+
+def test_linen_decode_cache_takes_the_lengths_path(kernel_runs):
+    # Autoregressive decoding with the module's KV cache: each step's mask is
+    # arange(max_length) <= cur_index, a key prefix, so the kernels read only the live keys.
+    x = _x(20)
+    ref, ours = _linen_pair(decode=True)
+    params = ref.init(jax.random.key(21), x)
+    cache = {"cache": params["cache"]}
+    vars_ref, vars_ours = {"params": params["params"], **cache}, {"params": params["params"], **cache}
+    step_ref = jax.jit(lambda v, x: ref.apply(v, x, mutable=["cache"]))
+    step_ours = jax.jit(lambda v, x: ours.apply(v, x, mutable=["cache"]))
+    for t in range(5):
+        xt = x[:, t:t + 1]
+        want, c_ref = step_ref(vars_ref, xt)
+        got, c_ours = step_ours(vars_ours, xt)
+        vars_ref, vars_ours = {**vars_ref, **c_ref}, {**vars_ours, **c_ours}
+        _close(got, want)
+    jax.effects_barrier()
+    assert len(kernel_runs) == 5
 
 
 def test_active_dropout_falls_back_with_the_same_rng_stream():

@@ -46,6 +46,13 @@ bool want_hopper(int32_t kernel) {
 #endif
 }
 
+// kernel='hopper' on a build without the sm90 kernels is an error, not a silent fallback.
+ffi::Error check_kernel_built(int32_t kernel) {
+  if (kernel == kHopper && !want_hopper(kernel))
+    return ffi::Error::InvalidArgument("jax_flash: kernel='hopper' requested but the sm90 kernels were not built");
+  return ffi::Error::Success();
+}
+
 ffi::Error FwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                    ffi::AnyBuffer q_lens, ffi::AnyBuffer kv_lens, FlashAttrs attrs,
                    ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse) {
@@ -54,8 +61,7 @@ ffi::Error FwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   if (auto e = check_gpu_supported(p); e.failure()) return e;
   p.o = o->untyped_data();
   p.lse = static_cast<float*>(lse->untyped_data());
-  if (attrs.kernel == kHopper && !want_hopper(attrs.kernel))
-    return ffi::Error::InvalidArgument("jax_flash: kernel='hopper' requested but the sm90 kernels were not built");
+  if (auto e = check_kernel_built(attrs.kernel); e.failure()) return e;
 #ifdef JAX_FLASH_WITH_SM90
   if (want_hopper(attrs.kernel)) {
     cudaError_t err = flash_fwd_sm90(p, stream);
@@ -82,10 +88,9 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.lse_log2 = static_cast<float*>(lse_log2->untyped_data());
   p.dq_semaphore = static_cast<int*>(dq_semaphore->untyped_data());
   p.dq_accum = static_cast<float*>(dq_accum->untyped_data());
-  if (attrs.kernel == kHopper && !want_hopper(attrs.kernel))
-    return ffi::Error::InvalidArgument("jax_flash: kernel='hopper' requested but the sm90 kernels were not built");
+  if (auto e = check_kernel_built(attrs.kernel); e.failure()) return e;
 #ifdef JAX_FLASH_WITH_SM90
-  // The Hopper backward covers head_dim 64 and 128; other head dims take the portable
+  // The Hopper backward covers head_dim 64, 128 and 256; other head dims take the portable
   // backward even under kernel='hopper'.
   if (want_hopper(attrs.kernel)) {
     cudaError_t err = flash_bwd_sm90(p, stream);

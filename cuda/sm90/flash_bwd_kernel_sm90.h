@@ -601,7 +601,7 @@ __global__ void flash_bwd_row_stats_kernel_sm90(const FlashBwdParams p, int64_t 
   }
   CUTLASS_PRAGMA_UNROLL
   for (int off = kG / 2; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffff, s, off);
-  if (valid && lane == 0 && p.dq_semaphore && t % 64 == 0)
+  if (valid && lane == 0 && p.deterministic && t % 64 == 0)
     p.dq_semaphore[(int64_t(b) * p.heads_q + h) * (p.seqlen_q_rounded / 64) + t / 64] = 0;
   if (valid && lane == 0) {
     float const l = t < p.seqlen_q ? p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + t] : -INFINITY;

@@ -23,16 +23,10 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   using Element = typename T::Element;
   KernelParams<T> kp;
   kp.p = p;
-  // TMA wants every stride of a size-1 mode to still be a legal (16B multiple) value.
-  int64_t qb = p.batch == 1 ? p.q_row_stride : p.q_batch_stride, qh = p.heads_q == 1 ? p.q_row_stride : p.q_head_stride;
-  int64_t kb = p.batch == 1 ? p.k_row_stride : p.k_batch_stride, kh = p.heads_kv == 1 ? p.k_row_stride : p.k_head_stride;
-  int64_t vb = p.batch == 1 ? p.v_row_stride : p.v_batch_stride, vh = p.heads_kv == 1 ? p.v_row_stride : p.v_head_stride;
-  auto mQ = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.q)),
-                        make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch), make_stride(p.q_row_stride, _1{}, qh, qb));
-  auto mK = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.k)),
-                        make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch), make_stride(p.k_row_stride, _1{}, kh, kb));
-  auto mVt = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.v)),
-                         make_shape(p.head_dim, p.seqlen_k, p.heads_kv, p.batch), make_stride(_1{}, p.v_row_stride, vh, vb));
+  auto mQ = tma_operand<Element>(p.q, p.seqlen_q, p.head_dim, p.heads_q, p.batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
+  auto mK = tma_operand<Element>(p.k, p.seqlen_k, p.head_dim, p.heads_kv, p.batch, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
+  auto mV = tma_operand<Element>(p.v, p.seqlen_k, p.head_dim, p.heads_kv, p.batch, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+  auto mVt = make_tensor(mV.data(), select<1, 0, 2, 3>(mV.layout()));  // (head_dim, keys, heads, batch)
   kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, typename T::SmemLayoutQ{}, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, _1{});
   kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename T::SmemLayoutK{}), Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, _1{});
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mVt, take<0, 2>(typename T::SmemLayoutVt{}), Shape<Int<T::kHeadDim>, Int<T::kBlockN>>{}, _1{});

@@ -1,5 +1,5 @@
-// Small device helpers shared by the sm90 forward kernel: wgmma issue, accumulator
-// layout views, fp32 -> 16-bit conversion, fast exp2.
+// Small helpers shared by the sm90 kernels: wgmma issue, accumulator layout views,
+// fp32 -> 16-bit conversion, fast exp2; on the host, the global view behind a TMA descriptor.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -54,6 +54,16 @@ __forceinline__ __device__ void convert_out(Tensor<E, L> const& in, Tensor<EO, L
   cutlass::NumericArrayConverter<To, From, 2> op;
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < size(a); ++i) { b(i) = op(a(i)); }
+}
+
+// Global (rows, head_dim, heads, batch) view of one attention operand, head_dim contiguous, as
+// the source of a TMA descriptor. TMA wants every stride legal (a 16-byte multiple) even on a
+// size-1 mode, so a single head or batch takes the row stride.
+template <class Element>
+auto tma_operand(void const* ptr, int rows, int head_dim, int heads, int batch, int64_t row_stride, int64_t head_stride,
+                 int64_t batch_stride) {
+  return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(rows, head_dim, heads, batch),
+                     make_stride(row_stride, _1{}, heads == 1 ? row_stride : head_stride, batch == 1 ? row_stride : batch_stride));
 }
 
 __forceinline__ __device__ float ex2(float x) {

@@ -23,19 +23,13 @@
 #include "../../common/mask.h"
 #include "../flash_sm80.h"
 
+#include "../../common/harness_util.h"
+
 using namespace jax_flash;
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(2); } } while (0)
-
-static bool g_bf16 = true;
-static uint16_t f2h(float f) {
-  if (g_bf16) { __nv_bfloat16 h = __float2bfloat16(f); uint16_t u; memcpy(&u, &h, 2); return u; }
-  __half h = __float2half(f); uint16_t u; memcpy(&u, &h, 2); return u;
-}
-static float h2f(uint16_t u) {
-  if (g_bf16) { __nv_bfloat16 h; memcpy(&h, &u, 2); return __bfloat162float(h); }
-  __half h; memcpy(&h, &u, 2); return __half2float(h);
-}
+static bool g_bf16 = true;  // the dtype of the case being run
+static uint16_t f2h(float f) { return from_f(f, g_bf16); }
+static float h2f(uint16_t u) { return to_f(u, g_bf16); }
 static double rnd(double x) { return std::isinf(x) ? x : double(h2f(f2h(float(x)))); }
 
 struct Case {
@@ -54,16 +48,6 @@ struct Case {
     return buf;
   }
 };
-
-// Dynamic parallel-for over [0, n) on all host cores (std::thread: no OpenMP runtime needed).
-template <typename F>
-static void parallel_for(int n, F f) {
-  std::atomic<int> next(0);
-  int nt = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> ts;
-  for (int t = 0; t < nt; ++t) ts.emplace_back([&] { for (int i; (i = next++) < n;) f(i); });
-  for (auto& t : ts) t.join();
-}
 
 struct Result { std::vector<double> o, lse, dq, dk, dv; };
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "../../common/mask.h"
-#include "harness_util.h"
+#include "../../common/harness_util.h"
 #include "../flash_sm90.h"
 
 using namespace jax_flash;

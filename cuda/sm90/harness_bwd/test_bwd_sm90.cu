@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "../../common/mask.h"
-#include "../harness/harness_util.h"
+#include "../../common/harness_util.h"
 #include "../flash_bwd_sm90.h"
 
 using namespace jax_flash;

@@ -1,5 +1,5 @@
-// Helpers shared by the sm90 forward and backward harnesses: CUDA error checks and 16-bit
-// float conversions on the host.
+// Helpers shared by the standalone kernel harnesses (sm80, sm90 forward / backward): CUDA error
+// checks, 16-bit float conversions, a host parallel_for, CUDA-event timing.
 #pragma once
 
 #include <cuda_bf16.h>
