@@ -13,9 +13,13 @@ namespace jax_flash::sm90 {
 // Tile configuration per head dim (see NOTES.md for why).
 template <int kHeadDim>
 struct TileConfig;
-template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2; };
-template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2; };
-template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2; };
+// PersistentCausalMaxS: causal / right-bounded problems with at most this many keys run
+// persistent (static snake order); longer ones, and all at H = 128 / 256, one CTA per tile
+// (dynamic dispatch, chunked longest-first order). Measured at S = 1k causal (NOTES.md v13):
+// persistent is +13% at H = 64 (cheap tiles: hiding the prologue matters), -7% / -17% at 128 / 256.
+template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048; };
+template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0; };
+template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0; };
 
 template <class Traits, bool Softcap>
 cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
@@ -44,9 +48,9 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   cudaError_t err = sm_count(&sms);
   if (err != cudaSuccess) return err;
   // Persistent (one CTA per SM, static snake order) hides per-tile prologue/epilogue, which
-  // matters when tiles are short. Long causal tiles vary a lot in length: there the hardware's
-  // dynamic CTA dispatch (one CTA per tile, longest first) balances better (NOTES.md, v2).
-  bool const persistent = !longest_first || p.seqlen_k <= 2048;
+  // matters when tiles are short. Causal tiles vary a lot in length: there the hardware's
+  // dynamic CTA dispatch (one CTA per tile, longest first) balances better (NOTES.md v2, v13).
+  bool const persistent = !longest_first || p.seqlen_k <= TileConfig<T::kHeadDim>::PersistentCausalMaxS;
   // Longest-first in chunks of heads only for the dynamic launch: the static snake order
   // balances only a globally sorted tile list (chunked, S=1k causal lost 6-20%, NOTES.md v11).
   int const num_bh = p.heads_q * p.batch;
