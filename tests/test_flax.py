@@ -155,6 +155,20 @@ def test_linen_decode_cache_takes_the_lengths_path(kernel_runs):
     assert len(kernel_runs) == 5
 
 
+def test_nnx_decode_cache_takes_the_lengths_path(kernel_runs):
+    kw = dict(num_heads=HEADS, in_features=D, decode=True)
+    ref = nnx.MultiHeadAttention(**kw, rngs=nnx.Rngs(0))
+    ours = nnx.MultiHeadAttention(**kw, rngs=nnx.Rngs(0), attention_fn=jf.dot_product_attention)
+    x = _x(22)
+    for m in (ref, ours):
+        m.init_cache(x.shape)
+    for t in range(4):
+        xt = x[:, t:t + 1]
+        _close(ours(xt), ref(xt))
+    jax.effects_barrier()
+    assert len(kernel_runs) == 4
+
+
 def test_active_dropout_falls_back_with_the_same_rng_stream():
     x = _x(11)
     ref, ours = _linen_pair(dropout_rate=0.3)
