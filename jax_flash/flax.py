@@ -13,7 +13,8 @@
   nnx decode cache's `arange(max_length) <= cur_index` mask), the kernels run with
   `key_value_seq_lengths=L` and only read the L_b live keys; any other mask runs Flax's own
   attention. Both give Flax's result (a fully masked row is the one case they would disagree
-  on, so it goes to Flax);
+  on, so it goes to Flax). On a GPU, inputs the kernels do not take there (float32, head dims
+  over 256) run Flax's attention directly, as they did before masks took the kernels;
 - a `bias` or active dropout: Flax's own attention, `flax.linen.dot_product_attention`,
   unchanged, with a `JaxFlashFallbackWarning` (once per trace).
 Asking for the attention weights (`module` set, i.e. `sow_weights=True`) is an error: the
@@ -128,6 +129,12 @@ def _masked_attention(query, key, value, mask, dtype, precision, force_fp32_for_
     if query.ndim < 3 or key.ndim != query.ndim:
         raise ValueError(f"query/key must be [..., L, heads, head_dim] of one rank, got {query.shape}, {key.shape}")
     batch, (q_len, heads), kv_len = query.shape[:-3], query.shape[-3:-1], key.shape[-3]
+    # Where the kernels cannot take the call at all (the GPU kernels take bf16/fp16 and head dims
+    # up to 256), the kernel branch would fail to compile: Flax's attention, as without a mask.
+    kernel_dtype = jnp.asarray(query, dtype).dtype
+    if jax.default_backend() != "cpu" and (kernel_dtype not in (jnp.bfloat16, jnp.float16) or query.shape[-1] > 256):
+        return _flax_attention(query, key, value, None, mask, True, None, 0.0, True, dtype, precision,
+                               force_fp32_for_softmax, is_causal, {})
     lengths, ok = key_prefix_lengths(mask, batch, heads, q_len, kv_len)
 
     def kernels(operands):
