@@ -79,14 +79,23 @@ def _fwd_abstract(q, k, v, q_lens, kv_lens, *, spec):
 flash_fwd_p.def_abstract_eval(_fwd_abstract)
 
 
+GPU_DTYPES = (jnp.bfloat16, jnp.float16)
+GPU_MAX_HEAD_DIM = 256
+
+
+def gpu_kernels_take(dtype, head_dim: int) -> bool:
+    """Whether the GPU kernels accept this input dtype and head dim."""
+    return dtype in GPU_DTYPES and head_dim <= GPU_MAX_HEAD_DIM
+
+
 def _check_gpu_operands(q_aval):
     """The GPU kernels take bf16/fp16 and head dims up to 256: fail at compile time, naming
     the problem, rather than in the kernel launch."""
-    if q_aval.dtype not in (jnp.bfloat16, jnp.float16):
+    if q_aval.dtype not in GPU_DTYPES:
         raise TypeError(
             f"jax_flash on the GPU takes bfloat16 or float16 inputs, got {q_aval.dtype}; cast the "
             "inputs (float32 is supported on the CPU backend)")
-    if q_aval.shape[-1] > 256:
+    if q_aval.shape[-1] > GPU_MAX_HEAD_DIM:
         raise ValueError(f"jax_flash on the GPU supports head dims up to 256, got {q_aval.shape[-1]}")
 
 

@@ -31,6 +31,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
+from . import _primitives
 from . import attention as _attention
 
 __all__ = ["dot_product_attention", "causal_attention", "JaxFlashFallbackWarning"]
@@ -90,9 +91,8 @@ def dot_product_attention(
     return _kernel_attention(query, key, value, dtype, is_causal)
 
 
-def _kernel_attention(query, key, value, dtype, is_causal, kv_lengths=None):
-    """The kernels; kv_lengths (int32, batch dims flattened) bounds the keys each batch sees."""
-    query, key, value = (jnp.asarray(x, dtype) for x in (query, key, value))  # dtype None: unchanged
+def _check_shapes(query, key, value):
+    """[..., L, heads, head_dim] operands of one rank with the same batch dims."""
     if query.ndim < 3 or key.ndim != query.ndim or value.ndim != query.ndim:
         raise ValueError(
             f"query/key/value must be [..., L, heads, head_dim] of one rank, got {query.shape}, "
@@ -101,6 +101,13 @@ def _kernel_attention(query, key, value, dtype, is_causal, kv_lengths=None):
     batch = query.shape[:-3]
     if key.shape[:-3] != batch or value.shape[:-3] != batch:
         raise ValueError(f"query/key/value batch dims differ: {query.shape}, {key.shape}, {value.shape}")
+
+
+def _kernel_attention(query, key, value, dtype, is_causal, kv_lengths=None):
+    """The kernels; kv_lengths (int32, batch dims flattened) bounds the keys each batch sees."""
+    query, key, value = (jnp.asarray(x, dtype) for x in (query, key, value))  # dtype None: unchanged
+    _check_shapes(query, key, value)
+    batch = query.shape[:-3]
     # Any number of batch dims (Flax allows several) folds into the kernel's one.
     flat = lambda x: x.reshape((math.prod(batch),) + x.shape[-3:])
     out = _attention.dot_product_attention(flat(query), flat(key), flat(value), is_causal=is_causal,
@@ -126,28 +133,26 @@ def key_prefix_lengths(mask, batch_shape, heads: int, q_len: int, kv_len: int):
 def _masked_attention(query, key, value, mask, dtype, precision, force_fp32_for_softmax, is_causal):
     """A mask without bias or dropout: the kernels with key lengths when the mask is a key
     prefix (decided on the device), Flax's attention otherwise."""
-    if query.ndim < 3 or key.ndim != query.ndim:
-        raise ValueError(f"query/key must be [..., L, heads, head_dim] of one rank, got {query.shape}, {key.shape}")
+    _check_shapes(query, key, value)
     batch, (q_len, heads), kv_len = query.shape[:-3], query.shape[-3:-1], key.shape[-3]
-    # Where the kernels cannot take the call at all (the GPU kernels take bf16/fp16 and head dims
-    # up to 256), the kernel branch would fail to compile: Flax's attention, as without a mask.
     kernel_dtype = jnp.asarray(query, dtype).dtype
-    if jax.default_backend() != "cpu" and (kernel_dtype not in (jnp.bfloat16, jnp.float16) or query.shape[-1] > 256):
-        return _flax_attention(query, key, value, None, mask, True, None, 0.0, True, dtype, precision,
-                               force_fp32_for_softmax, is_causal, {})
+
+    flax_attention = lambda q, k, v: _flax_attention(q, k, v, None, mask, True, None, 0.0, True, dtype, precision,
+                                                     force_fp32_for_softmax, is_causal, {})
+    # Where the kernels cannot take the call at all on a GPU, the kernel branch would fail to
+    # compile: Flax's attention, as without a mask.
+    if jax.default_backend() != "cpu" and not _primitives.gpu_kernels_take(kernel_dtype, query.shape[-1]):
+        return flax_attention(query, key, value)
     lengths, ok = key_prefix_lengths(mask, batch, heads, q_len, kv_len)
 
     def kernels(operands):
         q, k, v, lens = operands
         return _kernel_attention(q, k, v, dtype, is_causal, lens)
 
-    def flax_attention(operands):
-        q, k, v, _ = operands
-        out = _flax_attention(q, k, v, None, mask, True, None, 0.0, True, dtype, precision,
-                              force_fp32_for_softmax, is_causal, {})
-        return out.astype(jnp.asarray(q, dtype).dtype)  # the kernels' output dtype
+    def flax_branch(operands):
+        return flax_attention(*operands[:3]).astype(kernel_dtype)  # the kernels' output dtype
 
-    return jax.lax.cond(ok, kernels, flax_attention, (query, key, value, lengths))
+    return jax.lax.cond(ok, kernels, flax_branch, (query, key, value, lengths))
 
 
 causal_attention = functools.partial(dot_product_attention, is_causal=True)
