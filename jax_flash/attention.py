@@ -119,7 +119,9 @@ def flash_attention(
       deterministic: GPU backward with the same bits run to run (dQ partial sums are added
         in a fixed order; about 30-40% slower on Hopper). The CPU backend always is.
       kernel: "auto", "portable" (sm80 path) or "hopper" (sm90 path); ignored on CPU. The
-        Hopper backward covers head_dim 64, 128 and 256 (others use the portable backward).
+        Hopper kernels take head dims that are multiples of 8 up to 256, zero-padded to 64,
+        128 or 256 (the backward of head dims 129-192 runs the portable kernel); other head
+        dims run the portable kernels even under kernel="hopper".
 
     A row with no visible key returns 0 (lse -inf) and gets zero gradients.
     vmap over any axis of any subset of q/k/v folds into the kernel's batch or head

@@ -27,9 +27,10 @@ GPU_SHAPES = [
     (2, 1, 333, 8, 2, 128),  # decode, GQA 4:1
     (1, 97, 97, 2, 2, 64),  # odd lengths
     (2, 128, 300, 4, 1, 32),  # MQA, T != S
-    (1, 513, 129, 2, 2, 72),  # T > S, odd head dim
+    (1, 513, 129, 2, 2, 72),  # T > S, odd head dim (Hopper: padded to 128)
     (1, 200, 1000, 2, 2, 96),
-    (1, 333, 257, 2, 1, 160),
+    (1, 333, 257, 2, 1, 160),  # Hopper: forward padded to 256, backward portable (192-wide dq_accum)
+    (2, 190, 300, 4, 2, 200),  # Hopper: both passes padded to 256
     (1, 256, 384, 2, 2, 256),
     (1, 2048, 2048, 4, 2, 128),
     (1, 8192, 8192, 2, 1, 128),

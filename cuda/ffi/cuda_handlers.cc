@@ -90,8 +90,8 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.dq_accum = static_cast<float*>(dq_accum->untyped_data());
   if (auto e = check_kernel_built(attrs.kernel); e.failure()) return e;
 #ifdef JAX_FLASH_WITH_SM90
-  // The Hopper backward covers head_dim 64, 128 and 256; other head dims take the portable
-  // backward even under kernel='hopper'.
+  // The Hopper backward covers head dims that are multiples of 8 up to 256 except 129..192
+  // (sm90::padded_head_dim); the others take the portable backward even under kernel='hopper'.
   if (want_hopper(attrs.kernel)) {
     cudaError_t err = flash_bwd_sm90(p, stream);
     if (err != cudaErrorNotSupported) return to_ffi(err, "flash_bwd_sm90");

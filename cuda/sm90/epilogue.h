@@ -27,7 +27,7 @@ __forceinline__ __device__ void store_o_lse(FlashFwdParams const& p, TO& tOrO, f
   for (int k = 0; k < size(rO); k += 2) {
     int row = m0 + get<0>(cO(k));
     int col = get<1>(cO(k));
-    if (row < p.seqlen_q) {
+    if (row < p.seqlen_q && col < p.head_dim) {  // padded head dims: columns past head_dim stay unwritten
       *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
           *reinterpret_cast<uint32_t const*>(&rO(k));
     }

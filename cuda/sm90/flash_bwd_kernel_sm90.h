@@ -556,7 +556,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     for (int i = 0; i < size(tdKrdK); i += 2) {
       int const key = n_block * kBlockN + int(get<0>(cdKV(i)));
       int const c = int(get<1>(cdKV(i)));
-      if (key < p.seqlen_k) {
+      if (key < p.seqlen_k && c < p.head_dim) {  // padded head dims: columns past head_dim dropped
         cutlass::Array<float, 2> a;
         a[0] = tdKrdK(i) * scale; a[1] = tdKrdK(i + 1) * scale;
         *reinterpret_cast<cutlass::Array<Element, 2>*>(dk + key * p.dk_row_stride + c) = cvt(a);
@@ -591,7 +591,7 @@ __global__ void flash_bwd_row_stats_kernel_sm90(const FlashBwdParams p, int64_t 
   if (valid)
     for (int c = lane; c < acc_cols / 4; c += kG) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
   float s = 0.f;
-  if (valid && t < p.seqlen_q) {
+  if (valid && t < p.seqlen_q && lane * 8 < p.head_dim) {
     auto const* o = static_cast<Element const*>(p.o) + b * p.o_batch_stride + t * p.o_row_stride + h * p.o_head_stride;
     auto const* d = static_cast<Element const*>(p.dout) + b * p.do_batch_stride + t * p.do_row_stride + h * p.do_head_stride;
     auto const ov = *reinterpret_cast<cutlass::Array<Element, 8> const*>(o + lane * 8);
@@ -640,7 +640,7 @@ __global__ void flash_bwd_convert_dq_kernel_sm90(const FlashBwdParams p, int64_t
   for (int k = t; k < T::kBlockM * kChunks; k += blockDim.x) {
     int const r = k / kChunks, c8 = (k % kChunks) * 8;
     int64_t const row = int64_t(m) * T::kBlockM + r;
-    if (row < p.seqlen_q)
+    if (row < p.seqlen_q && c8 < p.head_dim)
       *reinterpret_cast<uint4*>(dq + row * p.dq_row_stride + c8) = *reinterpret_cast<uint4 const*>(tile + r * kRowStride + c8);
   }
 }

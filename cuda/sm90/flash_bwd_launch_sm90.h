@@ -26,7 +26,9 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   kp.acc_cols = p.head_dim_rounded > 0 ? p.head_dim_rounded : dq_accum_cols(p.head_dim);
   // dq_accum: whole kBlockM-row blocks of kBlockM * head_dim floats (fragment order); the
   // row statistics are read in kBlockM-row, 16-byte aligned pieces.
-  if (kp.acc_rows < p.seqlen_q || kp.acc_rows % T::kBlockM || kp.acc_cols < p.head_dim || kp.acc_cols % 4 ||
+  // The fragment order needs rows of exactly kHeadDim floats (head dims 129..192 have 192: those
+  // take the portable backward).
+  if (kp.acc_rows < p.seqlen_q || kp.acc_rows % T::kBlockM || kp.acc_cols != T::kHeadDim ||
       p.seqlen_q_rounded != kp.acc_rows)
     return cudaErrorNotSupported;
   int const n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;

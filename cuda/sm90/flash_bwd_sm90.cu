@@ -12,7 +12,8 @@ cudaError_t flash_bwd_sm90_hdim(const FlashBwdParams& p, cudaStream_t stream);
 
 cudaError_t flash_bwd_sm90(const FlashBwdParams& p, cudaStream_t stream) {
   if (p.deterministic && !p.dq_semaphore) return cudaErrorNotSupported;
-  if ((p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) || !sm90::fwd_operands_ok(p)) return cudaErrorNotSupported;
+  int const hd = sm90::padded_head_dim(p.head_dim);
+  if (hd == 0 || !sm90::fwd_operands_ok(p)) return cudaErrorNotSupported;
   if (!p.dq_accum || !p.dsum || !p.lse || !p.lse_log2) return cudaErrorNotSupported;
   for (const void* ptr : {p.dout, static_cast<const void*>(p.dq), static_cast<const void*>(p.dk),
                           static_cast<const void*>(p.dv), static_cast<const void*>(p.dq_accum),
@@ -24,9 +25,9 @@ cudaError_t flash_bwd_sm90(const FlashBwdParams& p, cudaStream_t stream) {
     if (!sm90::tma_stride_ok(s)) return cudaErrorNotSupported;
   if (!sm90::on_sm90()) return cudaErrorNotSupported;
   const bool bf16 = p.dtype == DType::kBFloat16;
-  if (p.head_dim == 64)
+  if (hd == 64)
     return bf16 ? flash_bwd_sm90_hdim<64, DType::kBFloat16>(p, stream) : flash_bwd_sm90_hdim<64, DType::kFloat16>(p, stream);
-  if (p.head_dim == 128)
+  if (hd == 128)
     return bf16 ? flash_bwd_sm90_hdim<128, DType::kBFloat16>(p, stream) : flash_bwd_sm90_hdim<128, DType::kFloat16>(p, stream);
   return bf16 ? flash_bwd_sm90_hdim<256, DType::kBFloat16>(p, stream) : flash_bwd_sm90_hdim<256, DType::kFloat16>(p, stream);
 }

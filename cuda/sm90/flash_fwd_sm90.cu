@@ -11,11 +11,12 @@ template <int kHeadDim, DType kDType>
 cudaError_t flash_fwd_sm90_hdim(const FlashFwdParams& p, cudaStream_t stream);
 
 cudaError_t flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
-  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return cudaErrorNotSupported;
+  int const hd = sm90::padded_head_dim(p.head_dim);
+  if (hd == 0) return cudaErrorNotSupported;
   // Window / length arithmetic is done in 64-bit; the softcap variant needs softcap > 0 only.
   if (!sm90::fwd_operands_ok(p) || !sm90::on_sm90()) return cudaErrorNotSupported;
   const bool bf16 = p.dtype == DType::kBFloat16;
-  switch (p.head_dim) {
+  switch (hd) {
     case 64: return bf16 ? flash_fwd_sm90_hdim<64, DType::kBFloat16>(p, stream) : flash_fwd_sm90_hdim<64, DType::kFloat16>(p, stream);
     case 128: return bf16 ? flash_fwd_sm90_hdim<128, DType::kBFloat16>(p, stream) : flash_fwd_sm90_hdim<128, DType::kFloat16>(p, stream);
     case 256: return bf16 ? flash_fwd_sm90_hdim<256, DType::kBFloat16>(p, stream) : flash_fwd_sm90_hdim<256, DType::kFloat16>(p, stream);

@@ -29,6 +29,14 @@ inline bool on_sm90() {
   return cached[dev] == 90;
 }
 
+// The instantiation (64, 128 or 256) that runs a head dim, 0 for none. A smaller head dim runs
+// zero-padded: TMA fills the columns past head_dim with zeros and the epilogues do not store
+// them. head_dim must be a multiple of 8 (16-byte rows for TMA and the 16-byte row loads).
+inline int padded_head_dim(int head_dim) {
+  if (head_dim <= 0 || head_dim % 8 != 0 || head_dim > 256) return 0;
+  return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+}
+
 // Multiprocessor count of the current device (persistent grids).
 inline cudaError_t sm_count(int* sms) {
   int dev = 0;
