@@ -17,9 +17,11 @@ struct TileConfig;
 // persistent (static snake order); longer ones, and all at H = 128 / 256, one CTA per tile
 // (dynamic dispatch, chunked longest-first order). Measured at S = 1k causal (NOTES.md v13):
 // persistent is +13% at H = 64 (cheap tiles: hiding the prologue matters), -7% / -17% at 128 / 256.
-template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048; };
-template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0; };
-template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0; };
+// SoftmaxChains: independent max / sum chains per row (8: H=64 +1-3%, H=256 +1-3%; H=128 -2%
+// with 8, NOTES.md v16).
+template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, SoftmaxChains = 8; };
+template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, SoftmaxChains = 1; };
+template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, SoftmaxChains = 8; };
 
 template <class Traits, bool Softcap>
 cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
@@ -69,7 +71,7 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
 template <int kHeadDim, class Element>
 cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
   using C = TileConfig<kHeadDim>;
-  using T = FwdTraits<kHeadDim, C::M, C::N, C::Stages, Element>;
+  using T = FwdTraits<kHeadDim, C::M, C::N, C::Stages, Element, C::SoftmaxChains>;
   if (p.softcap > 0.f) return launch_fwd<T, true>(p, stream);
   return launch_fwd<T, false>(p, stream);
 }

@@ -49,7 +49,11 @@ __forceinline__ __device__ void mask_tile(TS& s, TC const& c, SeqMask const& m, 
   }
 }
 
-template <int kRows>
+// Two shapes of the same step (NOTES.md v16): kChains == 1 runs row by row, one serial max and
+// sum chain per row, so row 0's exp2s (MUFU) overlap row 1's max chain (ALU): best at H = 128.
+// kChains > 1 reduces both rows at once over kChains independent chains and a tree (a single
+// chain is latency-bound, ~4 cycles per column): +1-3% at H = 64 and 256, -2% at H = 128.
+template <int kRows, int kChains = 1>
 struct OnlineSoftmax {
   float row_max[kRows];
   float row_sum[kRows];  // per-thread partial sums; reduced across the quad in finalize()
@@ -59,28 +63,89 @@ struct OnlineSoftmax {
   // `rescale` the factor the O accumulator must be multiplied by.
   template <bool Is_first, bool Check_inf, class TS>
   __forceinline__ __device__ void step(TS& s, float (&rescale)[kRows]) {
+    constexpr int kCols = decltype(size<1>(s))::value;
+    static_assert(kCols % kChains == 0);
+    if constexpr (kChains == 1) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        float m = Is_first ? -INFINITY : row_max[r];
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < kCols; ++k) m = fmaxf(m, s(r, k));
+        float const m_scaled = new_max<Is_first, Check_inf>(r, quad_max(m), rescale);
+        float sum = 0.f;
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < kCols; ++k) {
+          float p = ex2(fmaf(s(r, k), scale_log2, -m_scaled));
+          s(r, k) = p;
+          sum += p;
+        }
+        add_sum<Is_first>(r, sum, rescale);
+      }
+    } else {
+      float mx[kRows][kChains];
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kChains; ++j) mx[r][j] = s(r, j);
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = kChains; k < kCols; k += kChains) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kChains; ++j) mx[r][j] = fmaxf(mx[r][j], s(r, k + j));
+        }
+      }
+      float m_scaled[kRows];
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        tree<kChains>(mx[r], [](float x, float y) { return fmaxf(x, y); });
+        mx[r][0] = quad_max(Is_first ? mx[r][0] : fmaxf(row_max[r], mx[r][0]));
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kRows; ++r) m_scaled[r] = new_max<Is_first, Check_inf>(r, mx[r][0], rescale);
+      float sum[kRows][kChains];
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < kCols; k += kChains) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kChains; ++j) {
+            float p = ex2(fmaf(s(r, k + j), scale_log2, -m_scaled[r]));
+            s(r, k + j) = p;
+            sum[r][j] = k == 0 ? p : sum[r][j] + p;
+          }
+        }
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        tree<kChains>(sum[r], [](float x, float y) { return x + y; });
+        add_sum<Is_first>(r, sum[r][0], rescale);
+      }
+    }
+  }
+
+  // Records row r's new max m (already quad-reduced); returns the exp2-domain offset and sets
+  // rescale[r], the factor the running O and sum of the row must be multiplied by.
+  template <bool Is_first, bool Check_inf>
+  __forceinline__ __device__ float new_max(int r, float m, float (&rescale)[kRows]) {
+    // A fully masked row keeps max = -inf; use 0 as the offset so exp2 gives 0, not NaN.
+    float const m_scaled = (Check_inf && m == -INFINITY) ? 0.f : m * scale_log2;
+    rescale[r] = Is_first ? 1.f : ex2(row_max[r] * scale_log2 - m_scaled);
+    row_max[r] = m;
+    return m_scaled;
+  }
+  template <bool Is_first>
+  __forceinline__ __device__ void add_sum(int r, float sum, float const (&rescale)[kRows]) {
+    row_sum[r] = Is_first ? sum : fmaf(row_sum[r], rescale[r], sum);
+  }
+  // x[0] = op over x[0..n) as a pairwise tree.
+  template <int n, class Op>
+  static __forceinline__ __device__ void tree(float (&x)[n], Op op) {
     CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      float m = Is_first ? -INFINITY : row_max[r];
+    for (int w = n / 2; w >= 1; w /= 2) {
       CUTLASS_PRAGMA_UNROLL
-      for (int k = 0; k < size<1>(s); ++k) m = fmaxf(m, s(r, k));
-      m = quad_max(m);
-      // A fully masked row keeps max = -inf; use 0 as the offset so exp2 gives 0, not NaN.
-      float m_scaled = (Check_inf && m == -INFINITY) ? 0.f : m * scale_log2;
-      if constexpr (Is_first) {
-        rescale[r] = 1.f;
-      } else {
-        rescale[r] = ex2(row_max[r] * scale_log2 - m_scaled);
-      }
-      row_max[r] = m;
-      float sum = 0.f;
-      CUTLASS_PRAGMA_UNROLL
-      for (int k = 0; k < size<1>(s); ++k) {
-        float p = ex2(fmaf(s(r, k), scale_log2, -m_scaled));
-        s(r, k) = p;
-        sum += p;
-      }
-      row_sum[r] = Is_first ? sum : fmaf(row_sum[r], rescale[r], sum);
+      for (int j = 0; j < w; ++j) x[j] = op(x[j], x[j + w]);
     }
   }
 

@@ -14,9 +14,10 @@
 namespace jax_flash::sm90 {
 using namespace cute;
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_, int kSoftmaxChains_ = 1>
 struct FwdTraits {
   using Element = Element_;
+  static constexpr int kSoftmaxChains = kSoftmaxChains_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;

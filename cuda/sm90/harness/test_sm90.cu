@@ -206,10 +206,13 @@ static double bench(int H, int S, bool causal, int reps) {
 int main(int argc, char** argv) {
   bool do_test = true, do_bench = true;
   std::vector<int> hdims = {128, 64, 256};
+  int only_s = 0, only_causal = -1;  // bench filters (one cell for ncu)
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--no-bench")) do_bench = false;
     if (!strcmp(argv[i], "--no-test")) do_test = false;
     if (!strncmp(argv[i], "--h=", 4)) hdims = {atoi(argv[i] + 4)};
+    if (!strncmp(argv[i], "--s=", 4)) only_s = atoi(argv[i] + 4);
+    if (!strncmp(argv[i], "--causal=", 9)) only_causal = atoi(argv[i] + 9);
   }
   int fails = 0, total = 0;
   if (do_test) {
@@ -253,8 +256,10 @@ int main(int argc, char** argv) {
     for (int H : hdims) {
       int hi = H == 64 ? 0 : H == 128 ? 1 : 2;
       for (int causal = 0; causal < 2; ++causal) {
+        if (only_causal >= 0 && causal != only_causal) continue;
         printf("%4d %6s |", H, causal ? "yes" : "no");
         for (int si = 0; si < 3; ++si) {
+          if (only_s && Ss[si] != only_s) { printf("       -                |"); continue; }
           double tf = bench(H, Ss[si], causal, 7);
           printf(" %6.0f (%4d/%4d)      |", tf, ref[hi][causal][si][0], ref[hi][causal][si][1]);
           fflush(stdout);

@@ -333,6 +333,12 @@ int main(int argc, char** argv) {
     c = {"det h64 lens window T1000 S600", 2, 1000, 600, 2, 1}; c.H = 64; c.det = true; c.wl = 300; c.wr = 20;
     c.q_lens = {1000, 333}; c.kv_lens = {600, 111}; cs.push_back(c);
     c = {"det causal-br T300 S1000", 1, 300, 1000, 2, 2}; c.causal = true; c.bottom_right = true; c.det = true; cs.push_back(c);
+    // Padded head dims: the 64 / 128 / 256 kernels with zero columns past head_dim.
+    c = {"pad h72 causal-br T1000 S97 gqa2", 1, 1000, 97, 4, 2}; c.H = 72; c.causal = true; c.bottom_right = true; cs.push_back(c);
+    c = {"pad h32 nc T97 S1000", 2, 97, 1000, 2, 2}; c.H = 32; cs.push_back(c);
+    c = {"pad h200 lens window T300 S700", 2, 300, 700, 2, 1}; c.H = 200; c.q_lens = {300, 77}; c.kv_lens = {700, 250};
+    c.wl = 150; c.wr = 40; cs.push_back(c);
+    c = {"pad det h96 causal-tl T500 S500", 1, 500, 500, 2, 2}; c.H = 96; c.causal = true; c.det = true; cs.push_back(c);
     uint64_t seed = 1;
     for (int i = 0; i < int(cs.size()); ++i) {
       if (only >= 0 && i != only) continue;
