@@ -37,8 +37,9 @@ from . import attention as _attention
 __all__ = ["dot_product_attention", "causal_attention", "JaxFlashFallbackWarning"]
 
 
-class JaxFlashFallbackWarning(UserWarning):
-    """An argument made jax_flash.flax run Flax's own (XLA) attention for this call."""
+# An argument made jax_flash.flax run Flax's own (XLA) attention for this call (shared with
+# jax_flash.dot_product_attention's GPU fallback).
+JaxFlashFallbackWarning = _attention.JaxFlashFallbackWarning
 
 
 def dot_product_attention(
