@@ -4,6 +4,7 @@ It materialises the [.., T, S] logits: use it on small problems only."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 
@@ -59,7 +60,10 @@ def attention(q, k, v, *, scale=None, causal=False, window=(-1, -1), softcap=Non
         vis = vis & jnp.asarray(mask)
     vis = jnp.broadcast_to(vis, s.shape)
     s = jnp.where(vis, s, -jnp.inf)
-    m = jnp.max(s, axis=-1, keepdims=True)
+    # The max shift cancels out of every result, so it carries no gradient. (Differentiating
+    # it would go through reduce-max's tie test, which turns into 0/0 under jit when XLA
+    # recomputes the logits with different rounding, e.g. a fused multiply-add with the bias.)
+    m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
     m_safe = jnp.where(jnp.isfinite(m), m, 0)
     p = jnp.where(vis, jnp.exp(s - m_safe), 0)
     l = jnp.sum(p, axis=-1, keepdims=True)
