@@ -1,7 +1,7 @@
 """jax_flash: FlashAttention for JAX as XLA FFI custom calls (CPU, portable CUDA, Hopper)."""
 
 from . import _ffi  # registers the FFI targets
-from .attention import dot_product_attention, flash_attention
+from .attention import JaxFlashFallbackWarning, dot_product_attention, flash_attention
 from ._ffi import WITH_CUDA
 from .ring import ring_attention, ring_attention_shard, unzigzag, zigzag
 
@@ -22,5 +22,6 @@ def export_disabled_checks():
 
 __all__ = [
     "dot_product_attention", "flash_attention", "export_disabled_checks", "WITH_CUDA",
+    "JaxFlashFallbackWarning",
     "ring_attention", "ring_attention_shard", "zigzag", "unzigzag",
 ]

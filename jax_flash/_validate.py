@@ -103,3 +103,45 @@ def check_q_offset(q_offset):
     if not _is_int(q_offset):
         raise TypeError(f"q_offset must be an int or 'bottom_right', got {type(q_offset).__name__}")
     return int(q_offset), False
+
+
+def check_segment_ids(names, ids, shapes):
+    """Packed-sequence segment ids: both or neither; integer arrays of exactly the given shapes
+    -> (int32, int32) or (None, None)."""
+    given = [x is not None for x in ids]
+    if not any(given):
+        return None, None
+    if not all(given):
+        missing = names[given.index(False)]
+        raise ValueError(f"{names[0]} and {names[1]} go together; {missing} is missing "
+                         "(pass the same array twice for self-attention)")
+    out = []
+    for name, x, shape in zip(names, ids, shapes):
+        x = jnp.asarray(x)
+        if not jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_:
+            raise TypeError(f"{name} must be an integer array, got {x.dtype}")
+        if x.shape != tuple(shape):
+            raise ValueError(f"{name} must have shape {tuple(shape)}, got {x.shape}")
+        out.append(x.astype(jnp.int32))
+    return tuple(out)
+
+
+BIAS_DTYPES = SUPPORTED_DTYPES  # read natively by the CPU kernels; other floats are cast to float32
+
+
+def check_broadcastable(name, x, full, full_names):
+    """bias (float) or mask (bool) broadcastable (NumPy rules) to `full` -> the array with
+    leading 1s added up to len(full) dims (every dim then 1 or the full size)."""
+    x = jnp.asarray(x)
+    if name == "mask":
+        if x.dtype != jnp.bool_:
+            raise TypeError(f"mask must be a boolean array (True = attend), got {x.dtype}; pass an "
+                            "additive mask as bias")
+    elif not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{name} must be a floating-point array, got {x.dtype}")
+    elif jnp.dtype(x.dtype) not in BIAS_DTYPES:
+        x = x.astype(jnp.float32)
+    full = tuple(full)
+    if x.ndim > len(full) or any(d not in (1, f) for d, f in zip(x.shape[::-1], full[::-1])):
+        raise ValueError(f"{name} of shape {x.shape} is not broadcastable to {full_names} = {full}")
+    return x.reshape((1,) * (len(full) - x.ndim) + x.shape)

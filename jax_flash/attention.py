@@ -5,6 +5,7 @@ the forward and backward primitives on [B, L, N, H] operands."""
 from __future__ import annotations
 
 import math
+import warnings
 from functools import partial
 
 import jax
@@ -13,6 +14,12 @@ import jax.numpy as jnp
 from . import _validate as V
 from ._primitives import KERNELS, MaskSpec, flash_bwd, flash_fwd
 
+
+class JaxFlashFallbackWarning(UserWarning):
+    """An argument the GPU kernels do not take yet made this call run XLA's attention (jax.nn's
+    or Flax's) instead of jax_flash's kernels."""
+
+
 def _lens_operand(lens):
     # Absent lengths reach the primitives as an int32 [0] operand (the handlers read it as
     # "full"). It is made right before each bind and never crosses a custom_vjp residual or a
@@ -20,24 +27,30 @@ def _lens_operand(lens):
     return jnp.zeros((0,), jnp.int32) if lens is None else lens
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attention(q, k, v, q_lens, kv_lens, spec):
+# extras: the optional operands, {name in _primitives.EXTRAS: array or None}; bias/mask are
+# [Bb, Nb, Tb, Sb] with each dim 1 or full (see _primitives). Only the bias is differentiable.
+@partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _attention(q, k, v, q_lens, kv_lens, extras, spec):
     """q [B,T,N,H], k/v [B,S,K,H]; q_lens/kv_lens int32 [B] or None -> (out, lse [B,N,T])."""
-    out, lse = flash_fwd(q, k, v, _lens_operand(q_lens), _lens_operand(kv_lens), spec)
+    out, lse = flash_fwd(q, k, v, _lens_operand(q_lens), _lens_operand(kv_lens), spec, extras)
     return out, lse
 
 
-def _attention_fwd(q, k, v, q_lens, kv_lens, spec):
-    out, lse = flash_fwd(q, k, v, _lens_operand(q_lens), _lens_operand(kv_lens), spec)
-    return (out, lse), (q, k, v, out, lse, q_lens, kv_lens)
+def _attention_fwd(q, k, v, q_lens, kv_lens, extras, spec):
+    out, lse = flash_fwd(q, k, v, _lens_operand(q_lens), _lens_operand(kv_lens), spec, extras)
+    return (out, lse), (q, k, v, out, lse, q_lens, kv_lens, extras)
 
 
 def _attention_bwd(spec, res, cts):
-    q, k, v, out, lse, q_lens, kv_lens = res
+    q, k, v, out, lse, q_lens, kv_lens, extras = res
     dout, _ = cts  # lse is returned as a non-differentiable residual (see docs)
-    dq, dk, dv = flash_bwd(q, k, v, out, lse, dout.astype(q.dtype), _lens_operand(q_lens),
-                           _lens_operand(kv_lens), spec)
-    return dq, dk, dv, None, None
+    dq, dk, dv, *dbias = flash_bwd(q, k, v, out, lse, dout.astype(q.dtype), _lens_operand(q_lens),
+                                   _lens_operand(kv_lens), spec, extras)
+    # Integer segment ids and the boolean mask take no cotangent (None).
+    d_extras = {name: None for name in extras}
+    if dbias:
+        d_extras["bias"] = dbias[0].astype(extras["bias"].dtype)
+    return dq, dk, dv, None, None, d_extras
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -49,13 +62,14 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 _HEAD_DIM_MULTIPLE = 8
 
 
-def _call(q, k, v, q_lens, kv_lens, spec):
+def _call(q, k, v, q_lens, kv_lens, spec, extras=None):
     H = q.shape[-1]
     pad = -H % _HEAD_DIM_MULTIPLE
     if pad:
         widths = [(0, 0)] * (q.ndim - 1) + [(0, pad)]
         q, k, v = (jnp.pad(x, widths) for x in (q, k, v))
-    out, lse = _attention(q, k, v, q_lens, kv_lens, spec)
+    extras = {n: x for n, x in (extras or {}).items() if x is not None}
+    out, lse = _attention(q, k, v, q_lens, kv_lens, extras, spec)
     return (out[..., :H] if pad else out), lse
 
 
@@ -98,6 +112,10 @@ def flash_attention(
     return_lse: bool = False,
     deterministic: bool = False,
     kernel: str = "auto",
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    bias=None,
+    mask=None,
 ):
     """Single-head FlashAttention: softmax(scale * q k^T) v without an S x T matrix.
 
@@ -114,6 +132,14 @@ def flash_attention(
       q_offset: int, the key position of query row 0 (default 0: top-left alignment, as
         jax.nn), or "bottom_right": offset = kv_length - q_length per sequence (the last
         query sits at the last key: KV-cache decoding and chunked prefill).
+      q_segment_ids, kv_segment_ids: integer arrays of shape q.shape[:-2] + (T,) and
+        k.shape[:-2] + (S,), given together (packed sequences): key j is visible to query i
+        only if their ids are equal, on top of every other rule. CPU backend only for now.
+      bias: float array broadcastable to q.shape[:-2] + (T, S), added to the logits after
+        scale and softcap, before masking (differentiable). CPU backend only for now.
+      mask: bool array broadcastable to q.shape[:-2] + (T, S); True = may attend. CPU only.
+        bias and mask are read tile by tile through broadcast strides, never expanded,
+        except a bias/mask broadcast over some leading dims but not all (expanded over them).
       return_lse: also return the float32 logsumexp [..., T] (natural log; -inf on rows
         with no visible key). It is not differentiable (like jax.nn's residual).
       deterministic: GPU backward with the same bits run to run (dQ partial sums are added
@@ -126,6 +152,9 @@ def flash_attention(
     A row with no visible key returns 0 (lse -inf) and gets zero gradients.
     vmap over any axis of any subset of q/k/v folds into the kernel's batch or head
     dimension; vmapping q alone shares k/v without broadcasting them (GQA-style).
+
+    On a GPU, segment ids, bias and mask raise NotImplementedError when the call is lowered
+    (the GPU kernels do not take them yet); `dot_product_attention` falls back to XLA there.
     """
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -160,13 +189,31 @@ def flash_attention(
                 raise ValueError(f"{name} must have shape {lead} (q's leading dims), got {x.shape}")
             x = V.check_lengths(name, x.reshape(-1), B)
         lens.append(x)
+    q_seg, kv_seg = V.check_segment_ids(("q_segment_ids", "kv_segment_ids"), (q_segment_ids, kv_segment_ids),
+                                        (lead + (T,), lead + (S,)))
+    extras = {}
+    if q_seg is not None:
+        extras.update(q_segment_ids=q_seg.reshape(B, T), kv_segment_ids=kv_seg.reshape(B, S))
+    for name, x in (("bias", bias), ("mask", mask)):
+        if x is not None:
+            extras[name] = _core_bnts(name, x, lead, T, S, B)
     out, lse = _call(
-        q.reshape(B, T, 1, H), k.reshape(B, S, 1, H), v.reshape(B, S, 1, H), lens[0], lens[1], spec
+        q.reshape(B, T, 1, H), k.reshape(B, S, 1, H), v.reshape(B, S, 1, H), lens[0], lens[1], spec, extras
     )
     out = out.reshape(q.shape)
     if return_lse:
         return out, jax.lax.stop_gradient(lse.reshape(lead + (T,)))
     return out
+
+
+def _core_bnts(name, x, lead, T, S, B):
+    """The core's bias/mask (broadcastable to lead + (T, S)) as [Bb, 1, Tb, Sb], Bb in {1, B}."""
+    x = V.check_broadcastable(name, x, lead + (T, S), "q.shape[:-2] + (T, S)")
+    if any(d != 1 for d in x.shape[:-2]) and x.shape[:-2] != lead:
+        # Broadcast over some leading dims only: one batch stride cannot say that, so expand.
+        x = jnp.broadcast_to(x, lead + x.shape[-2:])
+    bb = 1 if all(d == 1 for d in x.shape[:-2]) else B
+    return x.reshape(bb, 1, *x.shape[-2:])
 
 
 def dot_product_attention(
@@ -184,26 +231,49 @@ def dot_product_attention(
     softcap=None,
     return_residual: bool = False,
     implementation=None,
+    query_segment_ids=None,
+    key_value_segment_ids=None,
 ):
     """A drop-in for `jax.nn.dot_product_attention` backed by FlashAttention kernels.
 
     Same arguments, layouts ([B, T, N, H] or [T, N, H]; key/value [B, S, K, H] with
     N % K == 0), defaults and semantics (causal is top-left aligned; local_window_size
-    (left, right) as jax.nn), plus `softcap`. With `return_residual=True` returns
-    (out, lse) with lse float32 [B, T, N] (natural log).
+    (left, right) as jax.nn; `bias` added to the scaled logits and `mask` (bool, True =
+    attend) applied with every other rule, both broadcastable to [B, N, T, S] as in jax.nn),
+    plus `softcap` and packed sequences. With `return_residual=True` returns (out, lse) with
+    lse float32 [B, T, N] (natural log).
+
+    softcap: logits -> softcap * tanh(logits / softcap), applied before the bias is added
+      (so an additive mask or position bias is not squashed by the cap).
+    query_segment_ids, key_value_segment_ids: integer [B, T] and [B, S] ([T], [S] unbatched),
+      given together: key j is visible to query i only if their ids are equal.
 
     Differences from jax.nn's XLA path, by design: a query row that sees no key (e.g. a
-    key_value_seq_length of 0) gives output 0 and lse -inf where XLA averages V; lse is
-    float32 rather than the input dtype.
+    key_value_seq_length of 0, or a fully masked row) gives output 0 and lse -inf where XLA
+    averages V; lse is float32 rather than the input dtype.
+
+    Where it runs: bias, mask and segment ids run in the CPU kernels; the GPU kernels do not
+    take them yet, so with implementation=None a call lowered for a GPU runs
+    jax.nn.dot_product_attention(implementation="xla") instead (segment ids become a mask;
+    the choice is made per platform when the call is lowered, with a JaxFlashFallbackWarning
+    at trace time when the default backend is not the CPU). With softcap as well there is no
+    XLA equivalent, and the GPU lowering raises NotImplementedError, as it does for an
+    explicit implementation="jax_flash" / "portable" / "hopper".
 
     implementation: None or "jax_flash" (auto kernel choice), "portable" / "hopper"
-    (force a GPU kernel family), or "xla" / "cudnn" to call jax.nn's own implementations.
+    (force a GPU kernel family), or "xla" / "cudnn" to call jax.nn's own implementations
+    (segment ids are turned into a mask for them).
     """
+    seg_names = ("query_segment_ids", "key_value_segment_ids")
     if implementation in ("xla", "cudnn"):
         if softcap is not None:
             raise ValueError(f"softcap is not supported by implementation={implementation!r}")
+        query = jnp.asarray(query)
+        lead = query.shape[:-3]
+        q_seg, kv_seg = V.check_segment_ids(seg_names, (query_segment_ids, key_value_segment_ids),
+                                            (lead + query.shape[-3:-2], lead + jnp.shape(key)[-3:-2]))
         return jax.nn.dot_product_attention(
-            query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+            query, key, value, bias, _segment_mask(mask, q_seg, kv_seg), scale=scale, is_causal=is_causal,
             query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
             local_window_size=local_window_size, implementation=implementation,
             return_residual=return_residual,
@@ -213,12 +283,6 @@ def dot_product_attention(
         raise ValueError(
             "implementation must be None, 'jax_flash', 'portable', 'hopper', 'xla' or 'cudnn', "
             f"got {implementation!r}"
-        )
-    if bias is not None or mask is not None:
-        raise NotImplementedError(
-            "jax_flash.dot_product_attention does not support `bias` or `mask` yet; use "
-            "is_causal / query_seq_lengths / key_value_seq_lengths / local_window_size, or "
-            "implementation='xla'"
         )
     query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
     if query.ndim not in (3, 4):
@@ -230,8 +294,12 @@ def dot_product_attention(
         V.check_dtype(name, x)
     V.check_same_dtype(("query", "key", "value"), (query, key, value))
     unbatched = query.ndim == 3
+    q_seg, kv_seg = V.check_segment_ids(
+        seg_names, (query_segment_ids, key_value_segment_ids),
+        (query.shape[:-3] + query.shape[-3:-2], key.shape[:-3] + key.shape[-3:-2]))
     if unbatched:
         query, key, value = query[None], key[None], value[None]
+        q_seg, kv_seg = (None, None) if q_seg is None else (q_seg[None], kv_seg[None])
     B, T, N, H = query.shape
     _, S, K, _ = key.shape
     if key.shape[0] != B or key.shape[3] != H:
@@ -250,10 +318,49 @@ def dot_product_attention(
         q_offset=0, deterministic=False, kernel=kernels[implementation],
         window_name="local_window_size",
     )
-    out, lse = _call(query, key, value, q_lens, kv_lens, spec)
+    full = (B, N, T, S)
+    extras = {
+        "q_segment_ids": q_seg, "kv_segment_ids": kv_seg,
+        "bias": None if bias is None else V.check_broadcastable("bias", bias, full, "[B, N, T, S]"),
+        "mask": None if mask is None else V.check_broadcastable("mask", mask, full, "[B, N, T, S]"),
+    }
+
+    def kernels(query, key, value, q_lens, kv_lens, extras):
+        out, lse = _call(query, key, value, q_lens, kv_lens, spec, extras)
+        return out, jnp.swapaxes(lse, -1, -2)  # [B, N, T] -> [B, T, N]
+
+    used = [n for n, x in zip(("bias", "mask", "segment ids"), (bias, mask, q_seg)) if x is not None]
+    if used and implementation is None and softcap is None:
+        # The GPU kernels do not take these yet: chosen per platform at lowering, so the same
+        # jitted function runs the kernels on the CPU and XLA's attention on a GPU.
+        if jax.default_backend() != "cpu":
+            warnings.warn(
+                f"jax_flash.dot_product_attention: {', '.join(used)} not supported by the GPU kernels "
+                "yet; on the GPU this call runs jax.nn.dot_product_attention(implementation='xla') "
+                "(materialises the attention matrix; rows that see no key average V)",
+                JaxFlashFallbackWarning, stacklevel=2)
+
+        def xla(query, key, value, q_lens, kv_lens, extras):
+            m = _segment_mask(extras["mask"], extras["q_segment_ids"], extras["kv_segment_ids"])
+            out, lse = jax.nn.dot_product_attention(
+                query, key, value, extras["bias"], m, scale=spec.scale, is_causal=is_causal,
+                query_seq_lengths=q_lens, key_value_seq_lengths=kv_lens,
+                local_window_size=local_window_size, implementation="xla", return_residual=True)
+            return out.astype(query.dtype), lse.astype(jnp.float32)
+
+        out, lse = jax.lax.platform_dependent(query, key, value, q_lens, kv_lens, extras, cpu=kernels, default=xla)
+    else:
+        out, lse = kernels(query, key, value, q_lens, kv_lens, extras)
     if unbatched:
         out, lse = out[0], lse[0]
     if return_residual:
-        lse = jax.lax.stop_gradient(jnp.swapaxes(lse, -1, -2))  # [B, N, T] -> [B, T, N]
-        return out, lse
+        return out, jax.lax.stop_gradient(lse)
     return out
+
+
+def _segment_mask(mask, q_seg, kv_seg):
+    """mask AND (q_seg == kv_seg) as a jax.nn mask ([..., 1, T, S]), for XLA's attention."""
+    if q_seg is None:
+        return mask
+    same = q_seg[..., None, :, None] == kv_seg[..., None, None, :]
+    return same if mask is None else jnp.logical_and(mask, same)

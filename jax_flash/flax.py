@@ -16,7 +16,8 @@
   on, so it goes to Flax). On a GPU, inputs the kernels do not take there (float32, head dims
   over 256) run Flax's attention directly, as they did before masks took the kernels;
 - a `bias` or active dropout: Flax's own attention, `flax.linen.dot_product_attention`,
-  unchanged, with a `JaxFlashFallbackWarning` (once per trace).
+  unchanged, with a `JaxFlashFallbackWarning` (once per trace). (The CPU kernels take a bias,
+  the GPU kernels not yet; this adapter does not route biases to the kernels.)
 Asking for the attention weights (`module` set, i.e. `sow_weights=True`) is an error: the
 kernels never form them. A causal mask passed as a mask is not a key prefix and so takes
 Flax's attention: pass `is_causal` (or use `causal_attention`) instead.
@@ -37,8 +38,9 @@ from . import attention as _attention
 __all__ = ["dot_product_attention", "causal_attention", "JaxFlashFallbackWarning"]
 
 
-class JaxFlashFallbackWarning(UserWarning):
-    """An argument made jax_flash.flax run Flax's own (XLA) attention for this call."""
+# An argument made jax_flash.flax run Flax's own (XLA) attention for this call (shared with
+# jax_flash.dot_product_attention's GPU fallback).
+JaxFlashFallbackWarning = _attention.JaxFlashFallbackWarning
 
 
 def dot_product_attention(
@@ -79,7 +81,7 @@ def dot_product_attention(
     ) if used]
     if reasons:
         warnings.warn(
-            f"jax_flash.flax: {', '.join(reasons)} not supported by the kernels yet; this call "
+            f"jax_flash.flax: {', '.join(reasons)} not taken by the adapter's kernel path yet; this call "
             "runs flax.linen.dot_product_attention (XLA, materialises the attention matrix)",
             JaxFlashFallbackWarning, stacklevel=2,
         )

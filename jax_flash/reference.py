@@ -4,6 +4,7 @@ It materialises the [.., T, S] logits: use it on small problems only."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 
@@ -30,11 +31,14 @@ def visible_mask(T, S, *, causal=False, window=(-1, -1), q_lens=None, kv_lens=No
 
 
 def attention(q, k, v, *, scale=None, causal=False, window=(-1, -1), softcap=None, q_lens=None,
-              kv_lens=None, q_offset=0, bottom_right=False, compute_dtype=jnp.float64):
+              kv_lens=None, q_offset=0, bottom_right=False, q_segment_ids=None, kv_segment_ids=None,
+              bias=None, mask=None, compute_dtype=jnp.float64):
     """q [B, T, N, H], k/v [B, S, K, H] -> (out [B, T, N, H], lse [B, N, T]).
 
-    Computed in compute_dtype (float64 needs jax_enable_x64). Rows with no visible key give
-    out 0 and lse -inf."""
+    q_segment_ids [B, T] / kv_segment_ids [B, S]: key j visible to query i only if equal.
+    bias (float) and mask (bool, True = attend): broadcastable to [B, N, T, S]; the logits are
+    softcap(scale * q.k) + bias. Computed in compute_dtype (float64 needs jax_enable_x64).
+    Rows with no visible key give out 0 and lse -inf."""
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     G = N // K
@@ -45,10 +49,21 @@ def attention(q, k, v, *, scale=None, causal=False, window=(-1, -1), softcap=Non
     s = jnp.einsum("btnh,bsnh->bnts", qf, kf) * scale
     if softcap:
         s = softcap * jnp.tanh(s / softcap)
+    if bias is not None:
+        s = s + jnp.asarray(bias).astype(compute_dtype)
     vis = visible_mask(T, S, causal=causal, window=window, q_lens=q_lens, kv_lens=kv_lens,
                        q_offset=q_offset, bottom_right=bottom_right)[:, None]
+    if q_segment_ids is not None:
+        qs, ks = jnp.asarray(q_segment_ids), jnp.asarray(kv_segment_ids)
+        vis = vis & (qs[:, None, :, None] == ks[:, None, None, :])
+    if mask is not None:
+        vis = vis & jnp.asarray(mask)
+    vis = jnp.broadcast_to(vis, s.shape)
     s = jnp.where(vis, s, -jnp.inf)
-    m = jnp.max(s, axis=-1, keepdims=True)
+    # The max shift cancels out of every result, so it carries no gradient. (Differentiating
+    # it would go through reduce-max's tie test, which turns into 0/0 under jit when XLA
+    # recomputes the logits with different rounding, e.g. a fused multiply-add with the bias.)
+    m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
     m_safe = jnp.where(jnp.isfinite(m), m, 0)
     p = jnp.where(vis, jnp.exp(s - m_safe), 0)
     l = jnp.sum(p, axis=-1, keepdims=True)

@@ -206,40 +206,75 @@ def _slice_kv(mesh, n_axes, N_local, G, *kvs):
     return [lax.dynamic_slice_in_dim(x, head, 1, axis=2) for x in kvs]
 
 
-def _fwd_body(q, k, v, q_lens, kv_lens, spec):
-    return tuple(flash_fwd_local_p.bind(q, k, v, q_lens, kv_lens, spec=spec))
+def _fwd_body(spec, q, k, v, q_lens, kv_lens, *extras):
+    return tuple(flash_fwd_local_p.bind(q, k, v, q_lens, kv_lens, *extras, spec=spec))
 
 
-def _bwd_body(q, k, v, o, lse, do, q_lens, kv_lens, spec):
-    return tuple(flash_bwd_local_p.bind(q, k, v, o, lse, do, q_lens, kv_lens, spec=spec))
+def _bwd_body(spec, q, k, v, o, lse, do, q_lens, kv_lens, *extras):
+    return tuple(flash_bwd_local_p.bind(q, k, v, o, lse, do, q_lens, kv_lens, *extras, spec=spec))
+
+
+# The optional operands (spec.extras): segment ids [B, L] shard with the batch; a bias/mask
+# [Bb, Nb, Tb, Sb] shards its batch and head dims like q where they are not broadcast (size 1
+# against a larger B or N), and is replicated on the rest. dbias is summed over the mesh axes
+# that shard batch or heads where the bias is broadcast.
+
+
+def _extras_shardings(spec, mesh, extras_shapes, q_shape, b_axes, n_axes):
+    ns = lambda *e: NamedSharding(mesh, P(*e))
+    out = []
+    for name, x in zip(spec.extras, extras_shapes):
+        if name in ("q_segment_ids", "kv_segment_ids"):
+            out.append(ns(_entry(b_axes), None))
+        else:
+            b = _entry(b_axes) if x.shape[0] == q_shape[0] else None
+            n = _entry(n_axes) if x.shape[1] == q_shape[2] else None
+            out.append(ns(b, n, None, None))
+    return out
+
+
+def _dbias_psum_axes(spec, extras_shapes, q_shape, b_axes, n_axes):
+    bias = dict(zip(spec.extras, extras_shapes))["bias"]
+    return ((b_axes if bias.shape[0] != q_shape[0] else ()) +
+            (n_axes if bias.shape[1] != q_shape[2] else ()))
 
 
 def _fwd_partition(spec, mesh, arg_shapes, result_shape):
     b_axes, n_axes, kv_axes, mode = _plan(mesh, arg_shapes)
-    q_s, kv_s, lse_s, lens_s = _shardings(mesh, b_axes, n_axes, kv_axes, arg_shapes[3:])
+    q_s, kv_s, lse_s, lens_s = _shardings(mesh, b_axes, n_axes, kv_axes, arg_shapes[3:5])
+    ex_s = _extras_shardings(spec, mesh, arg_shapes[5:], arg_shapes[0].shape, b_axes, n_axes)
     N, K = arg_shapes[0].shape[2], arg_shapes[1].shape[2]
 
-    def lower(q, k, v, q_lens, kv_lens):
+    def lower(q, k, v, q_lens, kv_lens, *extras):
         if mode == "slice":
             k, v = _slice_kv(mesh, n_axes, q.shape[2], N // K, k, v)
-        return _fwd_body(q, k, v, q_lens, kv_lens, spec)
+        return _fwd_body(spec, q, k, v, q_lens, kv_lens, *extras)
 
-    return mesh, lower, (q_s, lse_s), (q_s, kv_s, kv_s, *lens_s)
+    return mesh, lower, (q_s, lse_s), (q_s, kv_s, kv_s, *lens_s, *ex_s)
 
 
 def _bwd_partition(spec, mesh, arg_shapes, result_shape):
     b_axes, n_axes, kv_axes, mode = _plan(mesh, arg_shapes)
-    q_s, kv_s, lse_s, lens_s = _shardings(mesh, b_axes, n_axes, kv_axes, arg_shapes[6:])
+    q_s, kv_s, lse_s, lens_s = _shardings(mesh, b_axes, n_axes, kv_axes, arg_shapes[6:8])
+    ex_shapes = arg_shapes[8:]
+    ex_s = _extras_shardings(spec, mesh, ex_shapes, arg_shapes[0].shape, b_axes, n_axes)
+    dbias_s = [ex_s[spec.extras.index("bias")]] if "bias" in spec.extras else []
+    psum_axes = _dbias_psum_axes(spec, ex_shapes, arg_shapes[0].shape, b_axes, n_axes) if dbias_s else ()
     N, K = arg_shapes[0].shape[2], arg_shapes[1].shape[2]
 
-    def lower(q, k, v, o, lse, do, q_lens, kv_lens):
+    def reduce_dbias(outs):
+        if psum_axes:
+            outs = (*outs[:3], lax.psum(outs[3], psum_axes))
+        return outs
+
+    def lower(q, k, v, o, lse, do, q_lens, kv_lens, *extras):
         if mode != "slice":
-            return _bwd_body(q, k, v, o, lse, do, q_lens, kv_lens, spec)
+            return reduce_dbias(_bwd_body(spec, q, k, v, o, lse, do, q_lens, kv_lens, *extras))
         # Each shard's dk/dv is a partial for one kv head of replicated k/v: place it and
         # sum over the head axes (the one collective this uncommon layout needs).
         G = N // K
         ks, vs = _slice_kv(mesh, n_axes, q.shape[2], G, k, v)
-        dq, dk1, dv1 = _bwd_body(q, ks, vs, o, lse, do, q_lens, kv_lens, spec)
+        dq, dk1, dv1, *dbias = reduce_dbias(_bwd_body(spec, q, ks, vs, o, lse, do, q_lens, kv_lens, *extras))
         idx = 0
         for a in n_axes:
             idx = idx * mesh.shape[a] + lax.axis_index(a)
@@ -251,21 +286,24 @@ def _bwd_partition(spec, mesh, arg_shapes, result_shape):
             return d1 * onehot.astype(d1.dtype)
         dk = lax.psum(place(dk1, k), n_axes)
         dv = lax.psum(place(dv1, v), n_axes)
-        return dq, dk, dv
+        return (dq, dk, dv, *dbias)
 
-    return mesh, lower, (q_s, kv_s, kv_s), (q_s, kv_s, kv_s, q_s, lse_s, q_s, *lens_s)
+    return (mesh, lower, (q_s, kv_s, kv_s, *dbias_s),
+            (q_s, kv_s, kv_s, q_s, lse_s, q_s, *lens_s, *ex_s))
 
 
 def _fwd_infer(spec, mesh, arg_shapes, result_shape):
     b_axes, n_axes, kv_axes, _ = _plan(mesh, arg_shapes)
-    q_s, _, lse_s, _ = _shardings(mesh, b_axes, n_axes, kv_axes, arg_shapes[3:])
+    q_s, _, lse_s, _ = _shardings(mesh, b_axes, n_axes, kv_axes, arg_shapes[3:5])
     return (q_s, lse_s)
 
 
 def _bwd_infer(spec, mesh, arg_shapes, result_shape):
     b_axes, n_axes, kv_axes, _ = _plan(mesh, arg_shapes)
-    q_s, kv_s, _, _ = _shardings(mesh, b_axes, n_axes, kv_axes, arg_shapes[6:])
-    return (q_s, kv_s, kv_s)
+    q_s, kv_s, _, _ = _shardings(mesh, b_axes, n_axes, kv_axes, arg_shapes[6:8])
+    ex_s = _extras_shardings(spec, mesh, arg_shapes[8:], arg_shapes[0].shape, b_axes, n_axes)
+    dbias_s = [ex_s[spec.extras.index("bias")]] if "bias" in spec.extras else []
+    return (q_s, kv_s, kv_s, *dbias_s)
 
 
 def _dims(t):
@@ -296,31 +334,54 @@ def _qheads(mesh, N, K):
     return "(k g)", {"g": G}
 
 
+def _extras_terms(spec, q, S, extras, n):
+    """Rule terms of the optional operands, and the factors of their own that they add: a
+    broadcast dim (size 1 against a longer one) gets a fresh factor, replicated."""
+    terms, own = [], []
+    for i, (name, x) in enumerate(zip(spec.extras, extras)):
+        if name in ("q_segment_ids", "kv_segment_ids"):
+            terms.append("b t" if name == "q_segment_ids" else "b s")
+            continue
+        dims = []
+        for a, (full, f) in enumerate(zip((q[0], q[2], q[1], S), ("b", n, "t", "s"))):
+            if x[a] != full:
+                f = f"z{i}_{a}"
+                own.append(f)
+            dims.append(f)
+        terms.append(" ".join(dims))
+    return terms, own
+
+
 def _fwd_rule(spec, mesh, operand_types, result_types):
-    q, k, _, ql, kvl = (_dims(t) for t in operand_types)
+    q, k, _, ql, kvl, *ex = (_dims(t) for t in operand_types)
     n, sizes = _qheads(mesh, q[2], k[2])
     (lq, rq), (lk, rk) = _lens_factor(ql, "x"), _lens_factor(kvl, "y")
-    rule = f"b t {n} h, b s k h, b s k h, {lq}, {lk} -> b t {n} h, b {n} t"
-    return rule, dict(need_replication_factors=("t", "h", "s", *rq, *rk), **sizes)
+    terms, own = _extras_terms(spec, q, k[1], ex, n)
+    extra = "".join(f", {t}" for t in terms)
+    rule = f"b t {n} h, b s k h, b s k h, {lq}, {lk}{extra} -> b t {n} h, b {n} t"
+    return rule, dict(need_replication_factors=("t", "h", "s", *rq, *rk, *own), **sizes)
 
 
 def _bwd_rule(spec, mesh, operand_types, result_types):
-    q, k, _, _, _, _, ql, kvl = (_dims(t) for t in operand_types)
+    q, k, _, _, _, _, ql, kvl, *ex = (_dims(t) for t in operand_types)
     n, sizes = _qheads(mesh, q[2], k[2])
     (lq, rq), (lk, rk) = _lens_factor(ql, "x"), _lens_factor(kvl, "y")
+    terms, own = _extras_terms(spec, q, k[1], ex, n)
+    extra = "".join(f", {t}" for t in terms)
+    dbias = f", {terms[spec.extras.index('bias')]}" if "bias" in spec.extras else ""
     qq = f"b t {n} h"
-    rule = (f"{qq}, b s k h, b s k h, {qq}, b {n} t, {qq}, {lq}, {lk} "
-            f"-> {qq}, b s k h, b s k h")
-    return rule, dict(need_replication_factors=("t", "h", "s", *rq, *rk), **sizes)
+    rule = (f"{qq}, b s k h, b s k h, {qq}, b {n} t, {qq}, {lq}, {lk}{extra} "
+            f"-> {qq}, b s k h, b s k h{dbias}")
+    return rule, dict(need_replication_factors=("t", "h", "s", *rq, *rk, *own), **sizes)
 
 
-partitioned_fwd = custom_partitioning(_fwd_body, static_argnums=(5,))
+partitioned_fwd = custom_partitioning(_fwd_body, static_argnums=(0,))
 partitioned_fwd.def_partition(
     partition=_fwd_partition,
     infer_sharding_from_operands=_fwd_infer,
     sharding_rule=_fwd_rule,
 )
-partitioned_bwd = custom_partitioning(_bwd_body, static_argnums=(8,))
+partitioned_bwd = custom_partitioning(_bwd_body, static_argnums=(0,))
 partitioned_bwd.def_partition(
     partition=_bwd_partition,
     infer_sharding_from_operands=_bwd_infer,

@@ -110,7 +110,7 @@ def test_shape_and_dtype_errors(make, exc, match):
         (dict(scale=float("nan")), ValueError, "scale must be finite"),
         (dict(softcap=-1.0), ValueError, "softcap must be positive"),
         (dict(implementation="magic"), ValueError, "implementation must be"),
-        (dict(bias=jnp.zeros((2, 4, 8, 8))), NotImplementedError, "bias"),
+        (dict(bias=jnp.zeros((2, 3, 8, 8))), ValueError, r"bias of shape \(2, 3, 8, 8\) is not broadcastable"),
     ],
 )
 def test_argument_errors(kw, exc, match):

@@ -7,6 +7,8 @@
 //   k, v, dk, dv : [batch, seqlen_k, heads_kv, head_dim]
 //   lse          : [batch, heads_q, seqlen_q]   (float32)
 //   dsum, lse_log2 (backward workspaces): [batch, heads_q, seqlen_q_rounded] (float32)
+//   optional: q/kv segment ids int32 [batch, seqlen]; bias / mask / dbias broadcastable to
+//   [batch, heads_q, seqlen_q, seqlen_k] through their strides (see the end of FlashFwdParams)
 // Strides are in elements and 64-bit so that batch*seqlen*heads*head_dim may pass 2^31.
 #pragma once
 
@@ -60,6 +62,21 @@ struct FlashFwdParams {
   int64_t q_offset = 0;   // position of query row 0 relative to key row 0
   bool bottom_right = false;  // add (kv_len_b - q_len_b) to q_offset per batch (KV-cache alignment)
 
+  // --- optional element-wise inputs, appended last; nullptr = off. The sm80/sm90 kernels do
+  // not read them yet (Python refuses them on the GPU), so their behaviour is unchanged. ---
+  // Packed sequences: key j is visible to query i only if their segment ids are equal.
+  const int32_t* q_segment_ids = nullptr;   // [batch, seqlen_q]
+  const int32_t* kv_segment_ids = nullptr;  // [batch, seqlen_k]; set iff q_segment_ids is
+  int64_t q_seg_batch_stride = 0, kv_seg_batch_stride = 0;
+  // Additive bias on the (softcapped) logits, logically [batch, heads_q, seqlen_q, seqlen_k];
+  // a stride of 0 broadcasts that axis (the buffer is never expanded).
+  const void* bias = nullptr;
+  DType bias_dtype = DType::kFloat32;
+  int64_t bias_batch_stride = 0, bias_head_stride = 0, bias_row_stride = 0, bias_col_stride = 0;
+  // Boolean mask (one byte per element, nonzero = may attend), broadcast like the bias.
+  const uint8_t* mask = nullptr;
+  int64_t mask_batch_stride = 0, mask_head_stride = 0, mask_row_stride = 0, mask_col_stride = 0;
+
   int64_t group() const { return heads_q / heads_kv; }
 };
 
@@ -84,6 +101,10 @@ struct FlashBwdParams : FlashFwdParams {
   int seqlen_q_rounded = 0;
   int head_dim_rounded = 0;
   bool deterministic = false;  // GPU: no order-dependent float atomics
+  // --- optional output: float32 gradient of the bias, with the bias's own (broadcast) shape
+  // and strides (a broadcast axis has stride 0 in bias_*_stride and is summed over here) ---
+  float* dbias = nullptr;
+  int64_t dbias_batch_stride = 0, dbias_head_stride = 0, dbias_row_stride = 0, dbias_col_stride = 0;
 };
 
 // Shape of the GPU dQ accumulator workspace, [batch, heads_q, rows, cols] float32.

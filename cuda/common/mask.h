@@ -1,7 +1,8 @@
 // Masking and logit rules shared by the CPU and GPU kernels, so every backend computes
-// the same function.
+// the same function. The logit of (i, j) is softcap(scale * q_i.k_j) + bias_ij; it is -inf
+// unless j is visible to i under SeqMask (interval) and ElemMask (segment ids, boolean mask).
 //
-// Every supported mask (lengths, causal in either alignment, sliding window) leaves each
+// Every interval mask (lengths, causal in either alignment, sliding window) leaves each
 // query row a single contiguous interval of visible keys [lo, hi), and lo/hi never
 // decrease as the row grows. Kernels use the interval to skip whole tiles and to decide
 // which tiles need element-wise masking.
@@ -79,6 +80,81 @@ JF_HOST_DEVICE SeqMask make_seq_mask(const FlashFwdParams& p, int b) {
   m.left = p.window_left;
   m.right = p.window_right;
   return m;
+}
+
+// The element-wise rules beyond SeqMask's interval, for one (batch, head): packed-sequence
+// segment ids and a boolean mask. They can leave a row any set of keys, so kernels test them
+// per element, after the interval rule; segment-id ranges still let whole tiles be skipped.
+struct ElemMask {
+  const int32_t* q_seg = nullptr;   // this batch's query segment ids (row i: q_seg[i]), or nullptr
+  const int32_t* kv_seg = nullptr;  // this batch's key segment ids
+  const uint8_t* mask = nullptr;    // this (batch, head)'s mask; (i, j) at i * row_stride + j * col_stride
+  int64_t mask_row_stride = 0, mask_col_stride = 0;
+
+  JF_HOST_DEVICE bool active() const { return q_seg != nullptr || mask != nullptr; }
+  JF_HOST_DEVICE bool visible(int64_t i, int64_t j) const {
+    if (q_seg && q_seg[i] != kv_seg[j]) return false;
+    return !mask || mask[i * mask_row_stride + j * mask_col_stride] != 0;
+  }
+};
+
+JF_HOST_DEVICE ElemMask make_elem_mask(const FlashFwdParams& p, int b, int h) {
+  ElemMask e;
+  if (p.q_segment_ids) {
+    e.q_seg = p.q_segment_ids + b * p.q_seg_batch_stride;
+    e.kv_seg = p.kv_segment_ids + b * p.kv_seg_batch_stride;
+  }
+  if (p.mask) {
+    e.mask = p.mask + b * p.mask_batch_stride + h * p.mask_head_stride;
+    e.mask_row_stride = p.mask_row_stride;
+    e.mask_col_stride = p.mask_col_stride;
+  }
+  return e;
+}
+
+// Smallest and largest segment id over [begin, end) (end > begin).
+JF_HOST_DEVICE void segment_range(const int32_t* ids, int64_t begin, int64_t end, int32_t* lo, int32_t* hi) {
+  int32_t a = ids[begin], z = ids[begin];
+  for (int64_t i = begin + 1; i < end; ++i) {
+    a = ids[i] < a ? ids[i] : a;
+    z = ids[i] > z ? ids[i] : z;
+  }
+  *lo = a;
+  *hi = z;
+}
+
+// How a (rows x keys) tile relates to the mask, so kernels can skip it or drop per-element tests.
+enum class TileKind { kSkip, kFull, kPartial };
+
+// interval_full: SeqMask::tile_full of the tile. Segment ids: disjoint id ranges share no
+// segment (skip); one id on both sides means every pair matches. Packed sequences have sorted
+// ids, so most off-diagonal tiles are skipped.
+JF_HOST_DEVICE TileKind classify_tile(const ElemMask& e, bool interval_full, int64_t r0, int64_t r1, int64_t k0,
+                                      int64_t k1) {
+  bool full = interval_full && e.mask == nullptr;
+  if (e.q_seg) {
+    int32_t qlo, qhi, klo, khi;
+    segment_range(e.q_seg, r0, r1, &qlo, &qhi);
+    segment_range(e.kv_seg, k0, k1, &klo, &khi);
+    if (qhi < klo || khi < qlo) return TileKind::kSkip;
+    full = full && qlo == qhi && klo == khi;
+  }
+  return full ? TileKind::kFull : TileKind::kPartial;
+}
+
+// Where (batch b, head h)'s bias / dbias rows start; broadcast axes have stride 0.
+JF_HOST_DEVICE int64_t bias_offset(const FlashFwdParams& p, int b, int h) {
+  return b * p.bias_batch_stride + h * p.bias_head_stride;
+}
+JF_HOST_DEVICE int64_t dbias_offset(const FlashBwdParams& p, int b, int h) {
+  return b * p.dbias_batch_stride + h * p.dbias_head_stride;
+}
+
+// True when two (batch, kv head) work items of a backward that owns one kv head per item
+// would add into the same dbias element (the bias is broadcast across them), so dbias must be
+// reduced in a separate pass rather than written by the item that computes dS.
+JF_HOST_DEVICE bool dbias_shared_across_kv_heads(const FlashBwdParams& p) {
+  return (p.dbias_batch_stride == 0 && p.batch > 1) || (p.dbias_head_stride == 0 && p.heads_kv > 1);
 }
 
 // Logit transform applied before masking. Returns the logit in natural-log units.

@@ -2,52 +2,159 @@
 // head and dQ of every q head in its GQA group, so no two threads write the same output.
 // For each key block, dK/dV accumulate in float32 while the task walks the query blocks
 // that can see it, recomputing P = exp(S - lse) from the saved logsumexp.
+//
+// dbias (when a bias is given) is dS itself, summed over the bias's broadcast axes. When
+// no two tasks share a dbias element the owning task adds into it directly; when the bias is
+// broadcast across tasks (over batch, or over heads with several kv heads), a second pass
+// owns dbias instead: one task per (dbias slice, key block) recomputes S and dP for every
+// (batch, head) mapped onto it, in a fixed order. Both keep the CPU backend deterministic
+// and neither allocates a per-(batch, head) dbias buffer.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "../common/mask.h"
 #include "flash_cpu.h"
+#include "logits.h"
 #include "parallel.h"
 #include "tile.h"
 
 namespace jax_flash::cpu {
 
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Scratch for one thread's tiles.
+struct BwdTiles {
+  std::vector<float> kf, kt, vt, qf, dof, s, dp, capped, bias_buf, row;
+  explicit BwdTiles(int H)
+      : kf(kBlockK * H), kt(H * kBlockK), vt(H * kBlockK), qf(kBlockQ * H), dof(kBlockQ * H),
+        s(kBlockQ * kBlockK), dp(kBlockQ * kBlockK), capped(kBlockK), bias_buf(kBlockK), row(H) {}
+
+  // K (row-major and transposed) and V^T of keys [k0, k0 + nk) of kv head (b, hk).
+  void load_kv(const FlashBwdParams& p, int b, int hk, int64_t k0, int nk) {
+    const int H = p.head_dim;
+    load_tile(p.k, p.dtype, b * p.k_batch_stride + hk * p.k_head_stride, p.k_row_stride, k0, nk, H, kf.data(), H);
+    for (int j = 0; j < nk; ++j)
+      for (int d = 0; d < H; ++d) kt[d * kBlockK + j] = kf[j * H + d];
+    load_tile_t(p.v, p.dtype, b * p.v_batch_stride + hk * p.v_head_stride, p.v_row_stride, k0, nk, H, row.data(),
+                vt.data(), kBlockK);
+  }
+
+  // Q and dO of rows [r0, r0 + nr) of q head (b, h), then s = Q K^T and dp = dO V^T.
+  void scores(const FlashBwdParams& p, int b, int h, int64_t r0, int nr, int nk) {
+    const int H = p.head_dim;
+    load_tile(p.q, p.dtype, b * p.q_batch_stride + h * p.q_head_stride, p.q_row_stride, r0, nr, H, qf.data(), H);
+    load_tile(p.dout, p.dtype, b * p.do_batch_stride + h * p.do_head_stride, p.do_row_stride, r0, nr, H,
+              dof.data(), H);
+    gemm_nt_into(nr, nk, H, qf.data(), H, kt.data(), kBlockK, s.data(), kBlockK);
+    gemm_nt_into(nr, nk, H, dof.data(), H, vt.data(), kBlockK, dp.data(), kBlockK);
+  }
+
+  // s -> P and dp -> dS w.r.t. the scaled raw logit q.k * scale (what dQ/dK need), for the
+  // tile scored above. dS w.r.t. the final logit (the bias's gradient) is added into dbias
+  // (offset to this (batch, head)) when given.
+  void probs_and_grads(const FlashBwdParams& p, const HeadLogits& logits, TileKind kind, const float* lse,
+                       const float* dsum, int64_t r0, int nr, int64_t k0, int nk, float* dbias) {
+    for (int i = 0; i < nr; ++i) {
+      float* si = s.data() + i * kBlockK;    // becomes P
+      float* dpi = dp.data() + i * kBlockK;  // becomes dS
+      const float li = lse[r0 + i];
+      const float di = dsum[r0 + i];
+      logits.row(si, r0 + i, k0, nk, kind, capped.data(), bias_buf.data());
+      float* db = dbias ? dbias + (r0 + i) * p.dbias_row_stride + k0 * p.dbias_col_stride : nullptr;
+      for (int j = 0; j < nk; ++j) {
+        const float pij = (li == kNegInf || si[j] == kNegInf) ? 0.f : std::exp(si[j] - li);
+        const float ds = pij * (dpi[j] - di);
+        if (db) db[j * p.dbias_col_stride] += ds;
+        si[j] = pij;
+        dpi[j] = ds * softcap_grad(capped[j], p.softcap);
+      }
+    }
+  }
+};
+
+// D_i = rowsum(dO * O) of every row of q head (b, h), into p.dsum.
+void row_dsum(const FlashBwdParams& p, int b, int h, float* o_row, float* do_row) {
+  const int H = p.head_dim;
+  float* dsum = p.dsum + row_stats_offset(p, b, h);
+  for (int64_t i = 0; i < p.seqlen_q; ++i) {
+    load_row(p.o, p.dtype, b * p.o_batch_stride + h * p.o_head_stride + i * p.o_row_stride, H, o_row);
+    load_row(p.dout, p.dtype, b * p.do_batch_stride + h * p.do_head_stride + i * p.do_row_stride, H, do_row);
+    float acc = 0.f;
+    for (int d = 0; d < H; ++d) acc += o_row[d] * do_row[d];
+    dsum[i] = acc;
+  }
+}
+
+// The separate dbias pass (see the top of the file). A task owns dbias slice (bb, nb) and
+// keys [k_begin, k_end): one key block, or all keys when the bias is broadcast over keys.
+void dbias_pass(const FlashBwdParams& p) {
+  const int Bb = p.dbias_batch_stride == 0 ? 1 : p.batch;
+  const int Nb = p.dbias_head_stride == 0 ? 1 : p.heads_q;
+  const int64_t key_blocks = p.dbias_col_stride == 0 ? 1 : (p.seqlen_k + kBlockK - 1) / kBlockK;
+  const int64_t group = p.group();
+  parallel_for(int64_t(Bb) * Nb * key_blocks, [&](int64_t task) {
+    const int64_t kb = task % key_blocks;
+    const int nb = int(task / key_blocks % Nb);
+    const int bb = int(task / key_blocks / Nb);
+    const int64_t k_begin = p.dbias_col_stride == 0 ? 0 : kb * kBlockK;
+    const int64_t k_end = p.dbias_col_stride == 0 ? p.seqlen_k : std::min<int64_t>(k_begin + kBlockK, p.seqlen_k);
+    BwdTiles t(p.head_dim);
+    for (int b = Bb == 1 ? 0 : bb; b < (Bb == 1 ? p.batch : bb + 1); ++b) {
+      for (int h = Nb == 1 ? 0 : nb; h < (Nb == 1 ? p.heads_q : nb + 1); ++h) {
+        const HeadLogits logits(p, b, h);
+        const float* lse = p.lse + (int64_t(b) * p.heads_q + h) * p.seqlen_q;
+        const float* dsum = p.dsum + row_stats_offset(p, b, h);
+        float* dbias = p.dbias + dbias_offset(p, b, h);
+        for (int64_t k0 = k_begin; k0 < k_end; k0 += kBlockK) {
+          const int nk = int(std::min<int64_t>(kBlockK, k_end - k0));
+          int64_t rlo, rhi;
+          logits.seq.row_range(k0, k0 + nk, &rlo, &rhi);
+          if (rhi <= rlo) continue;
+          t.load_kv(p, b, int(h / group), k0, nk);
+          for (int64_t r0 = rlo; r0 < rhi; r0 += kBlockQ) {
+            const int nr = int(std::min<int64_t>(kBlockQ, rhi - r0));
+            const TileKind kind = logits.classify(r0, r0 + nr, k0, k0 + nk);
+            if (kind == TileKind::kSkip) continue;
+            t.scores(p, b, h, r0, nr, nk);
+            t.probs_and_grads(p, logits, kind, lse, dsum, r0, nr, k0, nk, dbias);
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
 void flash_bwd(const FlashBwdParams& p) {
   const int H = p.head_dim;
   const int64_t group = p.group();
   const int64_t T = p.seqlen_q;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  // dbias is a float32 sum: start from zero (only the bias's own, broadcast shape).
+  const bool separate_dbias = p.dbias && dbias_shared_across_kv_heads(p);
+  if (p.dbias) {
+    const int64_t n = (p.dbias_batch_stride ? p.batch : 1) * (p.dbias_head_stride ? p.heads_q : 1) *
+                      (p.dbias_row_stride ? p.seqlen_q : 1) * (p.dbias_col_stride ? p.seqlen_k : 1);
+    std::fill(p.dbias, p.dbias + n, 0.f);
+  }
 
   parallel_for(int64_t(p.batch) * p.heads_kv, [&](int64_t task) {
     const int b = int(task / p.heads_kv);
     const int hk = int(task % p.heads_kv);
-    const SeqMask mask = make_seq_mask(p, b);
-    const int64_t k_off = b * p.k_batch_stride + hk * p.k_head_stride;
-    const int64_t v_off = b * p.v_batch_stride + hk * p.v_head_stride;
     const int64_t dk_off = b * p.dk_batch_stride + hk * p.dk_head_stride;
     const int64_t dv_off = b * p.dv_batch_stride + hk * p.dv_head_stride;
+    BwdTiles t(H);
+    std::vector<float> row2(H);
+    for (int64_t g = 0; g < group; ++g) row_dsum(p, b, int(hk * group + g), t.row.data(), row2.data());
 
-    std::vector<float> row(H), row2(H);
-    // Preprocess: D_i = rowsum(dO * O) for every q head of the group (into p.dsum).
-    for (int64_t g = 0; g < group; ++g) {
-      const int h = int(hk * group + g);
-      float* dsum = p.dsum + row_stats_offset(p, b, h);
-      for (int64_t i = 0; i < T; ++i) {
-        load_row(p.o, p.dtype, b * p.o_batch_stride + h * p.o_head_stride + i * p.o_row_stride, H, row.data());
-        load_row(p.dout, p.dtype, b * p.do_batch_stride + h * p.do_head_stride + i * p.do_row_stride, H,
-                 row2.data());
-        float acc = 0.f;
-        for (int d = 0; d < H; ++d) acc += row[d] * row2[d];
-        dsum[i] = acc;
-      }
-    }
+    std::vector<HeadLogits> logits;  // per q head of the group
+    for (int64_t g = 0; g < group; ++g) logits.emplace_back(p, b, int(hk * group + g));
+    const SeqMask& seq = logits[0].seq;  // the interval rule is per batch, shared by the group
 
     std::vector<float> dq(group * T * H, 0.f);  // float32 dQ of the group's q heads
-    std::vector<float> kf(kBlockK * H), kt(H * kBlockK), vt(H * kBlockK);
-    std::vector<float> qf(kBlockQ * H), dof(kBlockQ * H);
-    std::vector<float> s(kBlockQ * kBlockK), dp(kBlockQ * kBlockK);
     std::vector<float> dk(kBlockK * H), dv(kBlockK * H);
 
     for (int64_t k0 = 0; k0 < p.seqlen_k; k0 += kBlockK) {
@@ -55,43 +162,23 @@ void flash_bwd(const FlashBwdParams& p) {
       std::fill(dk.begin(), dk.end(), 0.f);
       std::fill(dv.begin(), dv.end(), 0.f);
       int64_t rlo, rhi;
-      mask.row_range(k0, k0 + nk, &rlo, &rhi);
-      if (rhi > rlo) {
-        load_tile(p.k, p.dtype, k_off, p.k_row_stride, k0, nk, H, kf.data(), H);
-        for (int j = 0; j < nk; ++j)
-          for (int d = 0; d < H; ++d) kt[d * kBlockK + j] = kf[j * H + d];
-        load_tile_t(p.v, p.dtype, v_off, p.v_row_stride, k0, nk, H, row.data(), vt.data(), kBlockK);
-      }
+      seq.row_range(k0, k0 + nk, &rlo, &rhi);
+      if (rhi > rlo) t.load_kv(p, b, hk, k0, nk);
       for (int64_t g = 0; g < group && rhi > rlo; ++g) {
         const int h = int(hk * group + g);
-        const int64_t q_off = b * p.q_batch_stride + h * p.q_head_stride;
-        const int64_t do_off = b * p.do_batch_stride + h * p.do_head_stride;
         const float* lse = p.lse + (int64_t(b) * p.heads_q + h) * T;
         const float* dsum = p.dsum + row_stats_offset(p, b, h);
+        float* dbias = p.dbias && !separate_dbias ? p.dbias + dbias_offset(p, b, h) : nullptr;
         float* dq_h = dq.data() + g * T * H;
         for (int64_t r0 = rlo; r0 < rhi; r0 += kBlockQ) {
           const int nr = int(std::min<int64_t>(kBlockQ, rhi - r0));
-          load_tile(p.q, p.dtype, q_off, p.q_row_stride, r0, nr, H, qf.data(), H);
-          load_tile(p.dout, p.dtype, do_off, p.do_row_stride, r0, nr, H, dof.data(), H);
-          gemm_nt_into(nr, nk, H, qf.data(), H, kt.data(), kBlockK, s.data(), kBlockK);
-          gemm_nt_into(nr, nk, H, dof.data(), H, vt.data(), kBlockK, dp.data(), kBlockK);
-          const bool full = mask.tile_full(r0, r0 + nr, k0, k0 + nk);
-          for (int i = 0; i < nr; ++i) {
-            float* si = s.data() + i * kBlockK;  // becomes P
-            float* dpi = dp.data() + i * kBlockK;  // becomes dS (w.r.t. the scaled raw logit)
-            const float li = lse[r0 + i];
-            const float di = dsum[r0 + i];
-            for (int j = 0; j < nk; ++j) {
-              const float capped = apply_softcap(si[j] * p.scale, p.softcap);
-              const bool vis = li != kNegInf && (full || mask.visible(r0 + i, k0 + j));
-              const float pij = vis ? std::exp(capped - li) : 0.f;
-              si[j] = pij;
-              dpi[j] = pij * (dpi[j] - di) * softcap_grad(capped, p.softcap);
-            }
-          }
-          gemm_tn_acc(nr, nk, H, 1.f, s.data(), kBlockK, dof.data(), H, dv.data(), H);
-          gemm_tn_acc(nr, nk, H, p.scale, dp.data(), kBlockK, qf.data(), H, dk.data(), H);
-          gemm_acc(nr, nk, H, p.scale, dp.data(), kBlockK, kf.data(), H, dq_h + r0 * H, H);
+          const TileKind kind = logits[g].classify(r0, r0 + nr, k0, k0 + nk);
+          if (kind == TileKind::kSkip) continue;
+          t.scores(p, b, h, r0, nr, nk);
+          t.probs_and_grads(p, logits[g], kind, lse, dsum, r0, nr, k0, nk, dbias);
+          gemm_tn_acc(nr, nk, H, 1.f, t.s.data(), kBlockK, t.dof.data(), H, dv.data(), H);
+          gemm_tn_acc(nr, nk, H, p.scale, t.dp.data(), kBlockK, t.qf.data(), H, dk.data(), H);
+          gemm_acc(nr, nk, H, p.scale, t.dp.data(), kBlockK, t.kf.data(), H, dq_h + r0 * H, H);
         }
       }
       for (int j = 0; j < nk; ++j) {
@@ -106,6 +193,8 @@ void flash_bwd(const FlashBwdParams& p) {
         store_row(p.dq, p.dtype, dq_off + i * p.dq_row_stride, H, dq.data() + (g * T + i) * H);
     }
   });
+
+  if (separate_dbias) dbias_pass(p);
 }
 
 }  // namespace jax_flash::cpu

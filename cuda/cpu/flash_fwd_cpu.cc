@@ -6,8 +6,8 @@
 #include <limits>
 #include <vector>
 
-#include "../common/mask.h"
 #include "flash_cpu.h"
+#include "logits.h"
 #include "parallel.h"
 #include "tile.h"
 
@@ -22,7 +22,7 @@ void flash_fwd(const FlashFwdParams& p) {
     const int b = int(task / p.heads_q);
     const int h = int(task % p.heads_q);
     const int hk = int(h / group);
-    const SeqMask mask = make_seq_mask(p, b);
+    const HeadLogits logits(p, b, h);
     const int64_t q_off = b * p.q_batch_stride + h * p.q_head_stride;
     const int64_t k_off = b * p.k_batch_stride + hk * p.k_head_stride;
     const int64_t v_off = b * p.v_batch_stride + hk * p.v_head_stride;
@@ -30,13 +30,13 @@ void flash_fwd(const FlashFwdParams& p) {
     float* lse = p.lse + (int64_t(b) * p.heads_q + h) * p.seqlen_q;
 
     std::vector<float> qf(kBlockQ * H), kt(H * kBlockK), vf(kBlockK * H), row(H);
-    std::vector<float> s(kBlockQ * kBlockK), acc(kBlockQ * H);
+    std::vector<float> s(kBlockQ * kBlockK), acc(kBlockQ * H), bias_buf(kBlockK);
     float m[kBlockQ], l[kBlockQ];
 
     for (int64_t r0 = 0; r0 < p.seqlen_q; r0 += kBlockQ) {
       const int nr = int(std::min<int64_t>(kBlockQ, p.seqlen_q - r0));
       int64_t klo, khi;
-      mask.key_range(r0, r0 + nr, &klo, &khi);
+      logits.seq.key_range(r0, r0 + nr, &klo, &khi);
       std::fill(acc.begin(), acc.end(), 0.f);
       std::fill(m, m + kBlockQ, kNegInf);
       std::fill(l, l + kBlockQ, 0.f);
@@ -44,19 +44,16 @@ void flash_fwd(const FlashFwdParams& p) {
 
       for (int64_t k0 = klo; k0 < khi; k0 += kBlockK) {
         const int nk = int(std::min<int64_t>(kBlockK, khi - k0));
+        const TileKind kind = logits.classify(r0, r0 + nr, k0, k0 + nk);
+        if (kind == TileKind::kSkip) continue;
         load_tile_t(p.k, p.dtype, k_off, p.k_row_stride, k0, nk, H, row.data(), kt.data(), kBlockK);
         load_tile(p.v, p.dtype, v_off, p.v_row_stride, k0, nk, H, vf.data(), H);
         gemm_nt_into(nr, nk, H, qf.data(), H, kt.data(), kBlockK, s.data(), kBlockK);
-        const bool full = mask.tile_full(r0, r0 + nr, k0, k0 + nk);
         for (int i = 0; i < nr; ++i) {
           float* si = s.data() + i * kBlockK;
+          logits.row(si, r0 + i, k0, nk, kind, nullptr, bias_buf.data());
           float mx = m[i];
-          for (int j = 0; j < nk; ++j) {
-            float x = apply_softcap(si[j] * p.scale, p.softcap);
-            if (!full && !mask.visible(r0 + i, k0 + j)) x = kNegInf;
-            si[j] = x;
-            mx = std::max(mx, x);
-          }
+          for (int j = 0; j < nk; ++j) mx = std::max(mx, si[j]);
           if (mx == kNegInf) continue;  // nothing visible in this row yet
           const float alpha = std::exp(m[i] - mx);  // exp(-inf) = 0 on the first visible block
           float sum = 0.f;

@@ -44,4 +44,17 @@ auto bind_bwd(Binding b) {
       .template Ret<AnyBuffer>();  // workspace: dsum float32 [B, N, rows] (rows = dq_accum_rows(T))
 }
 
+// The optional element-wise inputs, bound after everything above (the CPU handlers take them;
+// the CUDA handlers do not yet, and Python refuses these features on the GPU). Absent ones
+// arrive as zero-size buffers.
+template <typename Binding>
+auto bind_extras(Binding b) {
+  using ::xla::ffi::AnyBuffer;
+  return std::move(b)
+      .template Arg<AnyBuffer>()   // q_segment_ids int32 [B, T] or [0]
+      .template Arg<AnyBuffer>()   // kv_segment_ids int32 [B, S] or [0]
+      .template Arg<AnyBuffer>()   // bias float [Bb, Nb, Tb, Sb] (each dim 1 or full) or [0]
+      .template Arg<AnyBuffer>();  // mask bool [Bm, Nm, Tm, Sm] (each dim 1 or full) or [0]
+}
+
 }  // namespace jax_flash

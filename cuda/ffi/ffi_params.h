@@ -120,6 +120,75 @@ inline ::xla::ffi::Error fill_bwd_params(const ::xla::ffi::AnyBuffer& q, const :
   return ::xla::ffi::Error::Success();
 }
 
+namespace ffi_detail {
+
+// Strides of a [B', N', T', S'] buffer read as [batch, heads_q, seqlen_q, seqlen_k]: each dim is
+// 1 (broadcast, stride 0) or the full size.
+inline ::xla::ffi::Error broadcast_strides(const ::xla::ffi::AnyBuffer& buf, const FlashFwdParams& p, const char* name,
+                                           int64_t* s) {
+  auto d = buf.dimensions();
+  const int64_t full[4] = {p.batch, p.heads_q, p.seqlen_q, p.seqlen_k};
+  if (d.size() != 4)
+    return ::xla::ffi::Error::InvalidArgument(std::string("jax_flash: ") + name + " must be rank 4");
+  int64_t stride = 1;
+  for (int a = 3; a >= 0; --a) {
+    if (d[a] != 1 && d[a] != full[a])
+      return ::xla::ffi::Error::InvalidArgument(std::string("jax_flash: ") + name +
+                                                " dims must be 1 or [B, N, T, S]");
+    s[a] = d[a] == 1 ? 0 : stride;
+    stride *= d[a];
+  }
+  return ::xla::ffi::Error::Success();
+}
+
+}  // namespace ffi_detail
+
+// The optional element-wise inputs (zero-size buffer = absent).
+inline ::xla::ffi::Error fill_extra_params(const ::xla::ffi::AnyBuffer& q_seg, const ::xla::ffi::AnyBuffer& kv_seg,
+                                           const ::xla::ffi::AnyBuffer& bias, const ::xla::ffi::AnyBuffer& mask,
+                                           FlashFwdParams* p) {
+  using ::xla::ffi::DataType;
+  using ::xla::ffi::Error;
+  if (q_seg.element_count() || kv_seg.element_count()) {
+    auto qd = q_seg.dimensions();
+    auto kd = kv_seg.dimensions();
+    if (q_seg.element_type() != DataType::S32 || kv_seg.element_type() != DataType::S32 || qd.size() != 2 ||
+        kd.size() != 2 || qd[0] != p->batch || qd[1] != p->seqlen_q || kd[0] != p->batch || kd[1] != p->seqlen_k)
+      return Error::InvalidArgument("jax_flash: segment ids must be int32 [B, T] and [B, S]");
+    p->q_segment_ids = static_cast<const int32_t*>(q_seg.untyped_data());
+    p->kv_segment_ids = static_cast<const int32_t*>(kv_seg.untyped_data());
+    p->q_seg_batch_stride = p->seqlen_q;
+    p->kv_seg_batch_stride = p->seqlen_k;
+  }
+  if (bias.element_count()) {
+    if (auto e = ffi_detail::check_dtype(bias, &p->bias_dtype, "bias"); e.failure()) return e;
+    int64_t s[4];
+    if (auto e = ffi_detail::broadcast_strides(bias, *p, "bias", s); e.failure()) return e;
+    p->bias = bias.untyped_data();
+    p->bias_batch_stride = s[0], p->bias_head_stride = s[1], p->bias_row_stride = s[2], p->bias_col_stride = s[3];
+  }
+  if (mask.element_count()) {
+    if (mask.element_type() != DataType::PRED) return Error::InvalidArgument("jax_flash: mask must be bool");
+    int64_t s[4];
+    if (auto e = ffi_detail::broadcast_strides(mask, *p, "mask", s); e.failure()) return e;
+    p->mask = static_cast<const uint8_t*>(mask.untyped_data());
+    p->mask_batch_stride = s[0], p->mask_head_stride = s[1], p->mask_row_stride = s[2], p->mask_col_stride = s[3];
+  }
+  return Error::Success();
+}
+
+// dbias: float32 with the bias's shape, or zero-size when there is no bias.
+inline ::xla::ffi::Error fill_dbias_params(::xla::ffi::AnyBuffer dbias, FlashBwdParams* p) {
+  if (!dbias.element_count()) return ::xla::ffi::Error::Success();
+  if (!p->bias || dbias.element_type() != ::xla::ffi::DataType::F32)
+    return ::xla::ffi::Error::InvalidArgument("jax_flash: dbias must be float32 and come with a bias");
+  int64_t s[4];
+  if (auto e = ffi_detail::broadcast_strides(dbias, *p, "dbias", s); e.failure()) return e;
+  p->dbias = static_cast<float*>(dbias.untyped_data());
+  p->dbias_batch_stride = s[0], p->dbias_head_stride = s[1], p->dbias_row_stride = s[2], p->dbias_col_stride = s[3];
+  return ::xla::ffi::Error::Success();
+}
+
 }  // namespace jax_flash
 
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_flash::FlashAttrs,

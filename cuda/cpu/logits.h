@@ -1,0 +1,61 @@
+// The logits of one (batch, head) on the CPU: scale, softcap, bias and every mask rule, in
+// one place for the forward, the backward and the dbias pass.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "../common/mask.h"
+#include "cpu_dtype.h"
+
+namespace jax_flash::cpu {
+
+struct HeadLogits {
+  float scale, softcap;
+  SeqMask seq;
+  ElemMask elem;
+  const void* bias;  // nullptr = no bias
+  DType bias_dtype;
+  int64_t bias_off, bias_row_stride, bias_col_stride;
+
+  HeadLogits(const FlashFwdParams& p, int b, int h)
+      : scale(p.scale),
+        softcap(p.softcap),
+        seq(make_seq_mask(p, b)),
+        elem(make_elem_mask(p, b, h)),
+        bias(p.bias),
+        bias_dtype(p.bias_dtype),
+        bias_off(p.bias ? bias_offset(p, b, h) : 0),
+        bias_row_stride(p.bias_row_stride),
+        bias_col_stride(p.bias_col_stride) {}
+
+  TileKind classify(int64_t r0, int64_t r1, int64_t k0, int64_t k1) const {
+    return classify_tile(elem, seq.tile_full(r0, r1, k0, k1), r0, r1, k0, k1);
+  }
+
+  // Raw q.k of row i, keys [k0, k0 + nk), in place -> logits (-inf where not visible).
+  // capped (or nullptr): the softcapped scaled logit before the bias, for softcap_grad.
+  // bias_buf: nk floats of scratch.
+  void row(float* s, int64_t i, int64_t k0, int nk, TileKind kind, float* capped, float* bias_buf) const {
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    for (int j = 0; j < nk; ++j) s[j] = apply_softcap(s[j] * scale, softcap);
+    if (capped) std::copy(s, s + nk, capped);
+    if (bias) {
+      const int64_t off = bias_off + i * bias_row_stride + k0 * bias_col_stride;
+      if (bias_col_stride == 1) {
+        load_row(bias, bias_dtype, off, nk, bias_buf);
+        for (int j = 0; j < nk; ++j) s[j] += bias_buf[j];
+      } else {  // broadcast over keys (stride 0)
+        float one;
+        load_row(bias, bias_dtype, off, 1, &one);
+        for (int j = 0; j < nk; ++j) s[j] += one;
+      }
+    }
+    if (kind == TileKind::kFull) return;
+    for (int j = 0; j < nk; ++j)
+      if (!seq.visible(i, k0 + j) || !elem.visible(i, k0 + j)) s[j] = kNegInf;
+  }
+};
+
+}  // namespace jax_flash::cpu
