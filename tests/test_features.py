@@ -151,11 +151,12 @@ def test_mask_broadcast_with_everything_bfloat16():
 
 
 def test_core_flash_attention_features():
-    """The single-head core: leading dims [B, N]; bias over those dims, mask [T, S]."""
+    """The single-head core: leading dims [B, N]; a bias over B only (expanded over N: one batch
+    stride cannot express it), a mask [T, S] (broadcast over every leading dim)."""
     B, T, S, N, H = 2, 33, 41, 3, 16
     q, k, v = (jnp.swapaxes(x, 1, 2) for x in random_qkv(8, B, T, S, N, N, H, F32))  # [B, N, L, H]
     qi, ki = packed_ids(9, B, T, 3), packed_ids(10, B, S, 3)
-    bias = rand_bias(11, (B, N, T, S))
+    bias = rand_bias(11, (B, 1, T, S))
     mask = rand_mask(12, (T, S))
     qi_l, ki_l = (jnp.broadcast_to(x[:, None], (B, N, x.shape[1])) for x in (qi, ki))
 
