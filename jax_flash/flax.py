@@ -141,12 +141,6 @@ def _masked_attention(query, key, value, mask, dtype, precision, force_fp32_for_
 
     flax_attention = lambda q, k, v: _flax_attention(q, k, v, None, mask, True, None, 0.0, True, dtype, precision,
                                                      force_fp32_for_softmax, is_causal, {})
-    # Where the kernels cannot take the call at all on a GPU, the kernel branch would fail to
-    # compile: Flax's attention, as without a mask.
-    if jax.default_backend() != "cpu" and not _primitives.gpu_kernels_take(kernel_dtype, query.shape[-1]):
-        return flax_attention(query, key, value)
-    lengths, ok = key_prefix_lengths(mask, batch, heads, q_len, kv_len)
-
     def kernels(operands):
         q, k, v, lens = operands
         return _kernel_attention(q, k, v, dtype, is_causal, lens)
@@ -154,7 +148,17 @@ def _masked_attention(query, key, value, mask, dtype, precision, force_fp32_for_
     def flax_branch(operands):
         return flax_attention(*operands[:3]).astype(kernel_dtype)  # the kernels' output dtype
 
-    return jax.lax.cond(ok, kernels, flax_branch, (query, key, value, lengths))
+    def kernels_if_key_prefix(q, k, v):
+        lengths, ok = key_prefix_lengths(mask, batch, heads, q_len, kv_len)
+        return jax.lax.cond(ok, kernels, flax_branch, (q, k, v, lengths))
+
+    if _primitives.gpu_kernels_take(kernel_dtype, query.shape[-1]):
+        return kernels_if_key_prefix(query, key, value)
+    # The GPU kernels cannot take this dtype / head dim (the kernel branch would fail to compile
+    # there): Flax's attention on a GPU, chosen when the computation is lowered for its platform
+    # (not by the default backend: a computation placed on the CPU still runs the kernels).
+    return jax.lax.platform_dependent(query, key, value, cpu=kernels_if_key_prefix,
+                                      default=lambda q, k, v: flax_branch((q, k, v)))
 
 
 causal_attention = functools.partial(dot_product_attention, is_causal=True)
