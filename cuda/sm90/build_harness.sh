@@ -23,6 +23,6 @@ for s in flash_${pass}_sm90.cu flash_${pass}_hdim*_sm90.cu; do
   fi
 done
 for p in "${pids[@]}"; do wait $p; done
-nvcc $FLAGS -c $dir/$main.cu -o $OBJ/$main.o
+nvcc $FLAGS ${EXTRA_FLAGS} -c $dir/$main.cu -o $OBJ/$main.o
 nvcc $FLAGS -o $dir/bin/$main $OBJ/*.o
 echo built $dir/bin/$main

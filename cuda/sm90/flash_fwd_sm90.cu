@@ -4,8 +4,13 @@
 
 #include "flash_sm90.h"
 #include "support.h"
+#include "timeline.h"
 
 namespace jax_flash {
+
+#ifdef JF_FWD_TIMELINE
+uint32_t* sm90::g_fwd_timeline = nullptr;
+#endif
 
 template <int kHeadDim, DType kDType>
 cudaError_t flash_fwd_sm90_hdim(const FlashFwdParams& p, cudaStream_t stream);

@@ -39,6 +39,7 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   float const log2e = 1.44269504088896340736f;
   kp.scale_log2 = Softcap ? p.softcap * log2e : p.scale * log2e;
   kp.softcap_mult = Softcap ? p.scale / p.softcap : 0.f;
+  kp.timeline = fwd_timeline_buffer();
   int const m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
   int64_t tiles = int64_t(m_blocks) * p.heads_q * p.batch;
   if (tiles <= 0) return cudaSuccess;

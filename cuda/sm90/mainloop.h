@@ -131,6 +131,8 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
   Tensor tSrS0 = partition_fragment_C(mma_qk, select<0, 1>(typename T::TileShapeQK{}));
   Tensor tOrP = make_tensor<typename T::Element>(acc_to_Aregs(tSrS0.layout()));
 
+  StepTimeline tl;
+  tl.init(kp.timeline, wg, blockIdx.x == 0 && tidx % 128 == 0);
   int n_block = n_max - 1;
   ss.barrier_q.wait(q_phase);
   {
@@ -152,20 +154,27 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
     typename T::PipelineState rd_v = rd;
     ++rd;
     Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename T::TileShapeQK{}));
+    tl.mark(StepTimeline::kStart);
     consumer_wait(pipe_k, rd);
     sched_sync<T::kMmaWGs>(wg);
+    tl.mark(StepTimeline::kIssueQK);
     wg_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
     consumer_wait(pipe_v, rd_v);
     wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, rd_v.index()), tOrO);
     sched_arrive<T::kMmaWGs>(wg);
+    tl.mark(StepTimeline::kIssued);
     warpgroup_wait<1>();
+    tl.mark(StepTimeline::kSReady);
     pipe_k.consumer_release(rd);
     if (n_block == n_min) q_empty_arrive<Traits>();
     process(tSrS, n_block, cute::false_type{});
+    tl.mark(StepTimeline::kSoftmax);
     warpgroup_wait<0>();
     pipe_v.consumer_release(rd_v);
     convert_out(tSrS, tOrP);
     rescale_rows(o_rc, rescale);
+    tl.mark(StepTimeline::kEnd);
+    tl.end_step();
   }
   consumer_wait(pipe_v, rd);
   wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);

@@ -10,6 +10,7 @@
 
 #include "../common/flash_params.h"
 #include "scheduler.h"
+#include "timeline.h"
 
 namespace jax_flash::sm90 {
 using namespace cute;
@@ -86,6 +87,7 @@ struct KernelParams {
   float scale_log2;    // multiplier of raw (or tanh-capped) logits in the exp2 domain
   float softcap_mult;  // scale / softcap (tanh argument multiplier), softcap variant only
   TileSchedule sched;  // (query block, q head, batch) tiles
+  uint32_t* timeline;  // diagnostic builds only (timeline.h), else nullptr
 };
 
 }  // namespace jax_flash::sm90

@@ -1,0 +1,51 @@
+// Diagnostic, off by default: clock() marks at the sync points of every forward consumer step,
+// to see where a step's time goes (softmax vs. waits for the other warpgroup or for data).
+// Compiled in only with -DJF_FWD_TIMELINE (harness: EXTRA_FLAGS=-DJF_FWD_TIMELINE
+// cuda/sm90/build_harness.sh fwd, then test_sm90 --timeline ...). Without it every call below
+// is empty and KernelParams::timeline stays nullptr.
+#pragma once
+
+#include <cstdint>
+
+namespace jax_flash::sm90 {
+
+constexpr int kTimelineSteps = 128;  // steps recorded per consumer warpgroup
+constexpr int kTimelineMarks = 6;    // see StepTimeline::Mark
+// Host side: a device buffer of 2 * kTimelineSteps * kTimelineMarks uint32, or nullptr.
+// Thread 0 of each consumer warpgroup of CTA 0 writes [wg][step][mark] of every tile it runs
+// (later tiles overwrite earlier ones: with equal-length tiles, the last one remains).
+#ifdef JF_FWD_TIMELINE
+extern uint32_t* g_fwd_timeline;
+inline uint32_t* fwd_timeline_buffer() { return g_fwd_timeline; }
+#else
+inline uint32_t* fwd_timeline_buffer() { return nullptr; }
+#endif
+
+struct StepTimeline {
+  // Step start, QK^T issued (after the ping-pong barrier), both GEMMs issued, S ready,
+  // softmax done, step end (PV done, P converted, O rescaled).
+  enum Mark { kStart, kIssueQK, kIssued, kSReady, kSoftmax, kEnd };
+#ifdef JF_FWD_TIMELINE
+  uint32_t* out = nullptr;
+  uint32_t t[kTimelineMarks];
+  int step = 0;
+  __device__ void init(uint32_t* buf, int wg, bool on) {
+    out = buf && on ? buf + wg * kTimelineSteps * kTimelineMarks : nullptr;
+    step = 0;
+  }
+  // Every thread reads the clock (no divergent branch between wgmma issue and wait); only the
+  // recording thread stores, once per step, after the step's GEMMs have completed.
+  __device__ void mark(Mark m) { t[m] = uint32_t(clock()); }
+  __device__ void end_step() {
+    if (out && step < kTimelineSteps)
+      for (int i = 0; i < kTimelineMarks; ++i) out[step * kTimelineMarks + i] = t[i];
+    ++step;
+  }
+#else
+  __device__ void init(uint32_t*, int, bool) {}
+  __device__ void mark(Mark) {}
+  __device__ void end_step() {}
+#endif
+};
+
+}  // namespace jax_flash::sm90
