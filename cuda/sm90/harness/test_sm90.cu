@@ -205,13 +205,15 @@ static double bench(int H, int S, bool causal, int reps) {
 }
 
 #ifdef JF_FWD_TIMELINE
+constexpr size_t kTimelineBytes = 2 * sm90::kTimelineSteps * sm90::kTimelineMarks * sizeof(uint32_t);
+
 // --timeline (diagnostic builds): clock() marks of CTA 0's consumer steps in the last timed launch
 // of each benchmarked cell; per step, cycles between the marks of timeline.h.
 static void print_timeline(uint32_t* dbuf, int H, int S, int causal) {
   using sm90::kTimelineMarks;
   using sm90::kTimelineSteps;
-  std::vector<uint32_t> t(2 * kTimelineSteps * kTimelineMarks);
-  CK(cudaMemcpy(t.data(), dbuf, t.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<uint32_t> t(kTimelineBytes / sizeof(uint32_t));
+  CK(cudaMemcpy(t.data(), dbuf, kTimelineBytes, cudaMemcpyDeviceToHost));
   printf("timeline H=%d S=%d causal=%d (cycles; start offsets relative to WG0 step 0)\n", H, S, causal);
   printf("  wg step |  start | wait K+ping-pong | issue | wait S | softmax | wait PV+conv+rescale | step\n");
   uint32_t const t0 = t[0];
@@ -239,9 +241,8 @@ int main(int argc, char** argv) {
     if (!strncmp(argv[i], "--causal=", 9)) only_causal = atoi(argv[i] + 9);
 #ifdef JF_FWD_TIMELINE
     if (!strcmp(argv[i], "--timeline")) {
-      size_t const n = 2 * sm90::kTimelineSteps * sm90::kTimelineMarks * sizeof(uint32_t);
-      CK(cudaMalloc(&sm90::g_fwd_timeline, n));
-      CK(cudaMemset(sm90::g_fwd_timeline, 0, n));
+      CK(cudaMalloc(&sm90::g_fwd_timeline, kTimelineBytes));
+      CK(cudaMemset(sm90::g_fwd_timeline, 0, kTimelineBytes));
     }
 #endif
   }
@@ -295,7 +296,7 @@ int main(int argc, char** argv) {
 #ifdef JF_FWD_TIMELINE
           if (sm90::g_fwd_timeline) {
             print_timeline(sm90::g_fwd_timeline, H, Ss[si], causal);
-            CK(cudaMemset(sm90::g_fwd_timeline, 0, 2 * sm90::kTimelineSteps * sm90::kTimelineMarks * 4));
+            CK(cudaMemset(sm90::g_fwd_timeline, 0, kTimelineBytes));
           }
 #endif
           printf(" %6.0f (%4d/%4d)      |", tf, ref[hi][causal][si][0], ref[hi][causal][si][1]);
