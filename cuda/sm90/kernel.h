@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_c
       key_block_range<T::kBlockM, T::kBlockN>(msk, tc.m_block, n_min, n_max);
       typename T::TiledMmaPV mma_pv;
       Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename T::TileShapePV{}));
-      OnlineSoftmax<2, T::kSoftmaxChains> softmax;
+      OnlineSoftmax<2, T::kSoftmaxChains, T::kPolyEvery> softmax;
       softmax.scale_log2 = Softcap ? p.softcap * log2e : p.scale * log2e;
       float inv[2], lse[2];
       if (n_max > n_min) {

@@ -19,9 +19,11 @@ struct TileConfig;
 // persistent is +13% at H = 64 (cheap tiles: hiding the prologue matters), -7% / -17% at 128 / 256.
 // SoftmaxChains: independent max / sum chains per row (8: H=64 +1-3%, H=256 +1-3%; H=128 -2%
 // with 8, NOTES.md v16).
-template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, SoftmaxChains = 8; };
-template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, SoftmaxChains = 1; };
-template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, SoftmaxChains = 8; };
+// PolyEvery: every PolyEvery-th exp2 of a row on the FMA pipe (exp2_fma), 0 = all on the MUFU
+// (4: H=64 +3-5% at S >= 4k; H=128 -2%, NOTES.md v17).
+template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, SoftmaxChains = 8, PolyEvery = 4; };
+template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, SoftmaxChains = 1, PolyEvery = 0; };
+template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, SoftmaxChains = 8, PolyEvery = 0; };
 
 template <class Traits, bool Softcap>
 cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
@@ -72,7 +74,7 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
 template <int kHeadDim, class Element>
 cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
   using C = TileConfig<kHeadDim>;
-  using T = FwdTraits<kHeadDim, C::M, C::N, C::Stages, Element, C::SoftmaxChains>;
+  using T = FwdTraits<kHeadDim, C::M, C::N, C::Stages, Element, C::SoftmaxChains, C::PolyEvery>;
   if (p.softcap > 0.f) return launch_fwd<T, true>(p, stream);
   return launch_fwd<T, false>(p, stream);
 }

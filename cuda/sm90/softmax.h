@@ -27,23 +27,27 @@ __forceinline__ __device__ void softcap_tile(TS& s, float mult) {
 }
 
 // Element-wise masking with the shared SeqMask interval rule. s/c are rowcol views of the
-// scores and of their (row, col) coordinates within the CTA tile.
+// scores and of their (row, col) coordinates within the CTA tile. A thread's columns are its
+// base column plus compile-time offsets (c's layout is static): bounds are taken relative to
+// the base so each column compares as an immediate. Comparing c(r, k) itself made ptxas hoist
+// kBlockN / 4 column registers out of the mainloop (the spills of the N = 176 tile, v17).
 template <class TS, class TC>
 __forceinline__ __device__ void mask_tile(TS& s, TC const& c, SeqMask const& m, int m0, int n0) {
+  int const col0 = n0 + int(get<1>(c(0, 0)));
   CUTLASS_PRAGMA_UNROLL
   for (int r = 0; r < size<0>(s); ++r) {
     int64_t i = int64_t(m0) + get<0>(c(r, 0));
-    int lo, hi;  // visible column interval relative to n0, clamped to a small int range
+    int lo, hi;  // visible column-offset interval relative to col0, clamped to a small int range
     if (i >= m.q_len) {
       lo = 1; hi = 0;
     } else {
-      int64_t l = m.key_lo(i) - n0, h = m.key_hi(i) - n0;
+      int64_t l = m.key_lo(i) - col0, h = m.key_hi(i) - col0;
       lo = int(l < -1 ? -1 : (l > 1 << 20 ? 1 << 20 : l));
       hi = int(h < -1 ? -1 : (h > 1 << 20 ? 1 << 20 : h));
     }
     CUTLASS_PRAGMA_UNROLL
     for (int k = 0; k < size<1>(s); ++k) {
-      int j = get<1>(c(r, k));
+      int const j = int(get<1>(c.layout()(r, k))) - int(get<1>(c.layout()(0, 0)));
       if (j < lo || j >= hi) s(r, k) = -INFINITY;
     }
   }
@@ -53,8 +57,18 @@ __forceinline__ __device__ void mask_tile(TS& s, TC const& c, SeqMask const& m, 
 // sum chain per row, so row 0's exp2s (MUFU) overlap row 1's max chain (ALU): best at H = 128.
 // kChains > 1 reduces both rows at once over kChains independent chains and a tree (a single
 // chain is latency-bound, ~4 cycles per column): +1-3% at H = 64 and 256, -2% at H = 128.
-template <int kRows, int kChains = 1>
+// kPolyEvery > 0: on tiles without -inf scores, every kPolyEvery-th exp2 of a row runs as a
+// polynomial on the FMA pipe (exp2_fma) instead of the MUFU.
+template <int kRows, int kChains = 1, int kPolyEvery = 0>
 struct OnlineSoftmax {
+  template <bool Check_inf>
+  static __forceinline__ __device__ float exp2_at(int k, float x) {
+    if constexpr (kPolyEvery > 0 && !Check_inf) {
+      if (k % kPolyEvery == kPolyEvery - 1) return exp2_fma(x);
+    }
+    return ex2(x);
+  }
+
   float row_max[kRows];
   float row_sum[kRows];  // per-thread partial sums; reduced across the quad in finalize()
   float scale_log2;
@@ -75,7 +89,7 @@ struct OnlineSoftmax {
         float sum = 0.f;
         CUTLASS_PRAGMA_UNROLL
         for (int k = 0; k < kCols; ++k) {
-          float p = ex2(fmaf(s(r, k), scale_log2, -m_scaled));
+          float p = exp2_at<Check_inf>(k, fmaf(s(r, k), scale_log2, -m_scaled));
           s(r, k) = p;
           sum += p;
         }
@@ -111,7 +125,7 @@ struct OnlineSoftmax {
         for (int r = 0; r < kRows; ++r) {
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kChains; ++j) {
-            float p = ex2(fmaf(s(r, k + j), scale_log2, -m_scaled[r]));
+            float p = exp2_at<Check_inf>(k + j, fmaf(s(r, k + j), scale_log2, -m_scaled[r]));
             s(r, k + j) = p;
             sum[r][j] = k == 0 ? p : sum[r][j] + p;
           }

@@ -15,10 +15,12 @@
 namespace jax_flash::sm90 {
 using namespace cute;
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_, int kSoftmaxChains_ = 1>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_, int kSoftmaxChains_ = 1,
+          int kPolyEvery_ = 0>
 struct FwdTraits {
   using Element = Element_;
-  static constexpr int kSoftmaxChains = kSoftmaxChains_;
+  static constexpr int kSoftmaxChains = kSoftmaxChains_;  // OnlineSoftmax's kChains
+  static constexpr int kPolyEvery = kPolyEvery_;          // OnlineSoftmax's kPolyEvery
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;

@@ -67,9 +67,25 @@ auto tma_operand(void const* ptr, int rows, int head_dim, int heads, int batch, 
 }
 
 __forceinline__ __device__ float ex2(float x) {
+#ifdef JF_FAKE_EX2  // diagnostic only (wrong results): what the softmax costs without MUFU
+  return x * 0.999f;
+#else
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+#endif
+}
+
+// 2^x on the FMA / ALU pipes, no MUFU (the forward at H = 64 is bound by the MUFU's 16 exp2
+// per clock per SM): x = j + f with j = round(x), |f| <= 1/2; 2^f by a degree-3 minimax
+// polynomial (max relative error 7.5e-5, far below bf16 / fp16 rounding of P); j added to
+// the exponent bits. Inputs below -127 give ~2^-127, not 0: use only where no score is -inf.
+__forceinline__ __device__ float exp2_fma(float x) {
+  x = fmaxf(x, -127.f);
+  float const t = x + 12582912.f;  // 1.5 * 2^23: round(x) lands in t's low mantissa bits
+  float const f = x - (t - 12582912.f);
+  float const p = fmaf(fmaf(fmaf(0.05517134f, f, 0.24261034f), f, 0.69326097f), f, 0.9999281f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
 
 }  // namespace jax_flash::sm90
