@@ -350,6 +350,12 @@ def test_vmap_of_grad_and_grad_of_vmap_with_bias():
             np.testing.assert_allclose(a[j], w, rtol=1e-4, atol=1e-5)
     total = jax.grad(lambda b: jnp.sum(jax.vmap(loss, in_axes=(0, 0, 0, None, 0))(q, k, v, b, keys)))(bias)
     np.testing.assert_allclose(total, got[3].sum(0), rtol=1e-4, atol=1e-4)
+    # q alone mapped, a key each: the forward takes the GQA-group fold, the backward the batch
+    # fold; both must fold the key table alike.
+    got = jax.jit(jax.vmap(g, in_axes=(0, None, None, None, 0)))(q, k[0], v[0], bias, keys)
+    for j in range(3):
+        for a, w in zip(got, g(q[j], k[0], v[0], bias, keys[j])):
+            np.testing.assert_allclose(a[j], w, rtol=1e-4, atol=1e-5)
 
 
 def test_sharded_batch_and_heads_match_one_device():
