@@ -11,6 +11,10 @@ Operand layouts (what the kernels read):
   q_segment_ids  int32 [B, T]       kv_segment_ids int32 [B, S]
   bias           float [Bb, Nb, Tb, Sb], each dim 1 (broadcast) or full ([B, N, T, S])
   mask           bool  [Bm, Nm, Tm, Sm], likewise
+  dropout        uint32 [B, N, 4]: per (batch, q head) the Philox key (seed lo, seed hi) and the
+                 batch and head coordinates of its counters (see cuda/common/philox.h); present
+                 iff spec.dropout_rate > 0. Folds like q's batch and heads under vmap, so every
+                 folded example keeps its own key and coordinates.
   The backward returns a fourth output, dbias float32 with the bias's shape, iff bias is given.
   Only the CPU kernels take the optional operands; on the GPU the lowering raises
   NotImplementedError naming them.
@@ -32,7 +36,7 @@ from . import _ffi
 KERNELS = {"auto": 0, "portable": 1, "hopper": 2}
 
 # The optional operands, in operand order (see the module docstring).
-EXTRAS = ("q_segment_ids", "kv_segment_ids", "bias", "mask")
+EXTRAS = ("q_segment_ids", "kv_segment_ids", "bias", "mask", "dropout")
 _BNTS = ("bias", "mask")  # the [B, N, T, S]-broadcast ones
 
 
@@ -49,6 +53,7 @@ class MaskSpec:
     bottom_right: bool = False
     deterministic: bool = False
     kernel: str = "auto"
+    dropout_rate: float = 0.0  # in [0, 1); > 0 iff the dropout operand is present
     extras: tuple = ()  # names of the optional operands present, in EXTRAS order (not an FFI attr)
 
     def ffi_attrs(self) -> dict:
@@ -62,6 +67,7 @@ class MaskSpec:
             bottom_right=bool(self.bottom_right),
             deterministic=bool(self.deterministic),
             kernel=np.int32(KERNELS[self.kernel]),
+            dropout_rate=np.float64(self.dropout_rate),
         )
 
 
@@ -114,13 +120,18 @@ def _check_gpu_operands(q_aval):
 def _check_gpu_extras(spec):
     if spec.extras:
         names = " / ".join(n for n in EXTRAS if n in spec.extras and n != "kv_segment_ids")
+        if "dropout" in spec.extras:  # jax.nn's attention has no dropout: nothing to fall back to
+            instead = ("jax.nn's attention has no dropout, so there is no XLA fallback for it: run "
+                       "this call on the CPU backend, or pass dropout_rate=0.0 on the GPU.")
+        else:
+            instead = ("On a GPU, jax_flash.dot_product_attention with implementation=None falls back "
+                       "to jax.nn's XLA attention for these arguments; or use implementation='xla'.")
         raise NotImplementedError(
-            f"jax_flash: {names} is not supported by the GPU kernels yet (the CPU backend has it). "
-            "On a GPU, jax_flash.dot_product_attention with implementation=None falls back to "
-            "jax.nn's XLA attention for these arguments; or use implementation='xla'.")
+            f"jax_flash: {names} is not supported by the GPU kernels yet (the CPU backend has it). {instead}")
 
 
-_ABSENT_DTYPES = {"q_segment_ids": np.int32, "kv_segment_ids": np.int32, "bias": np.float32, "mask": np.bool_}
+_ABSENT_DTYPES = {"q_segment_ids": np.int32, "kv_segment_ids": np.int32, "bias": np.float32, "mask": np.bool_,
+                  "dropout": np.uint32}
 
 
 def _cpu_extras(ctx, n_fixed, args, spec):
@@ -354,12 +365,17 @@ def _fold_mode(q_side_dims, kv_dims, lens_dims, lse_dim=None, extras_ok=("group"
 # or unmapped with Bb = B > 1, is expanded there to the folded batch (vmap only).
 # `per_example`: the backward's dbias must come out per vmapped example, so there a bias
 # summed across the folded axis is not allowed.
+# The dropout table [B, N, 4] is per (batch, q head), like q's own [B, N]: every fold takes it,
+# moved and merged exactly as q's batch/head axes are (broadcast first when unmapped, which
+# gives every example the same key: vmap of a call with one key, as a loop would).
 
 
 def _extras_modes(spec, extras, dims, N, per_example):
     """Which of the group and heads folds the optional operands allow."""
     ok = {"group", "heads"}
     for name, x, d in zip(spec.extras, extras, dims):
+        if name == "dropout":
+            continue
         if name not in _BNTS:
             if d is not _NOT:
                 ok = set()
@@ -376,8 +392,18 @@ def _extras_modes(spec, extras, dims, N, per_example):
 def _fold_extras_heads(spec, extras, dims, V):
     out = []
     for name, x, d in zip(spec.extras, extras, dims):
-        out.append(x if d is _NOT else _merge(_to_axis(x, d, 1, V), 1))  # only bias/mask are mapped here
+        if d is _NOT and name != "dropout":  # a bias/mask shared over heads as it is
+            out.append(x)
+        else:  # [.., V, N, ..] -> [.., V*N, ..]: example v's head n is folded head v*N + n
+            out.append(_merge(_to_axis(x, d, 1, V), 1))
     return out
+
+
+def _fold_extras_group(spec, extras, dims, V):
+    """The group fold keeps the other operands as they are; the dropout table follows q's
+    heads: [B, N, V, 4] -> [B, N*V, 4] (q head n*V + v)."""
+    return [_merge(_to_axis(x, d, 2, V), 1) if name == "dropout" else x
+            for name, x, d in zip(spec.extras, extras, dims)]
 
 
 def _fold_extras_batch(spec, extras, dims, V, B, per_example):
@@ -402,6 +428,7 @@ def _fwd_batch(args, dims, *, spec):
     mode = _fold_mode([qd], [kd, vd], [qld, kvld], extras_ok=_extras_modes(spec, ex, exd, N, False))
     if mode == "group":
         q = _merge(_to_axis(q, qd, 3, V), 2)
+        ex = _fold_extras_group(spec, ex, exd, V)
         o, lse = flash_fwd_p.bind(q, k, v, ql, kvl, *ex, spec=spec)
         return (_split(o, 2, V, outer=False), _split(lse, 1, V, outer=False)), (3, 2)
     if mode == "heads":

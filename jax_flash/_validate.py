@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numbers
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -145,3 +146,29 @@ def check_broadcastable(name, x, full, full_names):
     if x.ndim > len(full) or any(d not in (1, f) for d, f in zip(x.shape[::-1], full[::-1])):
         raise ValueError(f"{name} of shape {x.shape} is not broadcastable to {full_names} = {full}")
     return x.reshape((1,) * (len(full) - x.ndim) + x.shape)
+
+
+def check_dropout(rate, rng):
+    """dropout_rate (static real in [0, 1)) and dropout_rng (needed when rate > 0) ->
+    (rate as a float, the key or None). A rate of 0 ignores the key (no dropout, no RNG)."""
+    if isinstance(rate, (bool, np.bool_)) or not isinstance(rate, numbers.Real):
+        raise TypeError(f"dropout_rate must be a Python float in [0, 1) (static, not a traced array), "
+                        f"got {type(rate).__name__}")
+    rate = float(rate)
+    if not 0.0 <= rate < 1.0:  # NaN fails this too
+        raise ValueError(f"dropout_rate must be in [0, 1), got {rate}")
+    if rate == 0.0:
+        return 0.0, None
+    if rng is None:
+        raise ValueError("dropout_rate > 0 requires dropout_rng (a JAX PRNG key, e.g. jax.random.key(0))")
+    rng = jnp.asarray(rng)
+    if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        if rng.shape != ():
+            raise ValueError(f"dropout_rng must be a single PRNG key (shape ()), got shape {rng.shape}; "
+                             "use jax.vmap for one key per example")
+        return rate, rng
+    raw_shape = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape
+    if rng.dtype != jnp.uint32 or rng.shape != raw_shape:
+        raise TypeError(f"dropout_rng must be a JAX PRNG key (jax.random.key) or a raw uint32{list(raw_shape)} "
+                        f"key (jax.random.PRNGKey), got {rng.dtype}{list(rng.shape)}")
+    return rate, rng

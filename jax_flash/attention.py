@@ -73,7 +73,8 @@ def _call(q, k, v, q_lens, kv_lens, spec, extras=None):
     return (out[..., :H] if pad else out), lse
 
 
-def _spec(*, head_dim, scale, causal, window, softcap, q_offset, deterministic, kernel, window_name):
+def _spec(*, head_dim, scale, causal, window, softcap, q_offset, deterministic, kernel, window_name,
+          dropout_rate=0.0):
     V.check_scale(scale)
     softcap = V.check_softcap(softcap)
     left, right = V.normalize_window(window_name, window)
@@ -94,7 +95,22 @@ def _spec(*, head_dim, scale, causal, window, softcap, q_offset, deterministic, 
         bottom_right=bottom_right,
         deterministic=deterministic,
         kernel=kernel,
+        dropout_rate=dropout_rate,
     )
+
+
+def _dropout_keys(rng, B, N, broadcast=False):
+    """The kernels' dropout operand, uint32 [B, N, 4]: per (batch, head) the 64-bit Philox key
+    jax.random.bits(rng, (2,), uint32) and the counter coordinates (b, n), or (0, 0) for every
+    (b, n) when broadcast (one mask shared by the batch and heads). Made from the traced key
+    inside the computation, so jit, vmap (a vmapped key maps this table) and grad see an operand."""
+    seed = jax.random.bits(rng, (2,), jnp.uint32)
+    b = jnp.arange(B, dtype=jnp.uint32)[:, None]
+    n = jnp.arange(N, dtype=jnp.uint32)[None, :]
+    if broadcast:
+        b, n = 0 * b, 0 * n
+    cols = (seed[0], seed[1], b, n)
+    return jnp.stack([jnp.broadcast_to(c, (B, N)) for c in cols], axis=-1)
 
 
 def flash_attention(
@@ -116,6 +132,8 @@ def flash_attention(
     kv_segment_ids=None,
     bias=None,
     mask=None,
+    dropout_rate: float = 0.0,
+    dropout_rng=None,
 ):
     """Single-head FlashAttention: softmax(scale * q k^T) v without an S x T matrix.
 
@@ -140,6 +158,14 @@ def flash_attention(
       mask: bool array broadcastable to q.shape[:-2] + (T, S); True = may attend. CPU only.
         bias and mask are read tile by tile through broadcast strides, never expanded,
         except a bias/mask broadcast over some leading dims but not all (expanded over them).
+      dropout_rate: attention dropout (a static Python float in [0, 1)): each element of the
+        softmax is dropped with this probability and kept ones are scaled by 1 / (1 - rate);
+        lse stays that of the undropped softmax. 0 (default) is exactly no dropout. CPU only.
+      dropout_rng: a JAX PRNG key (jax.random.key, or a raw jax.random.PRNGKey), required when
+        dropout_rate > 0. The mask is a pure function of the key and the element's
+        coordinates (the flattened leading index, 0, query row, key column; see
+        cuda/common/philox.h): the same key gives the same mask; vmap over keys gives each
+        example its own.
       return_lse: also return the float32 logsumexp [..., T] (natural log; -inf on rows
         with no visible key). It is not differentiable (like jax.nn's residual).
       deterministic: GPU backward with the same bits run to run (dQ partial sums are added
@@ -153,8 +179,9 @@ def flash_attention(
     vmap over any axis of any subset of q/k/v folds into the kernel's batch or head
     dimension; vmapping q alone shares k/v without broadcasting them (GQA-style).
 
-    On a GPU, segment ids, bias and mask raise NotImplementedError when the call is lowered
-    (the GPU kernels do not take them yet); `dot_product_attention` falls back to XLA there.
+    On a GPU, segment ids, bias, mask and dropout raise NotImplementedError when the call is
+    lowered (the GPU kernels do not take them yet); `dot_product_attention` falls back to XLA
+    there, except for dropout.
     """
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -176,9 +203,10 @@ def flash_attention(
     V.check_head_dim("q", H)
     V.check_nonempty("q", "length T", T)
     V.check_nonempty("k", "length S", S)
+    dropout_rate, dropout_rng = V.check_dropout(dropout_rate, dropout_rng)
     spec = _spec(
         head_dim=H, scale=scale, causal=causal, window=window, softcap=softcap, q_offset=q_offset,
-        deterministic=deterministic, kernel=kernel, window_name="window",
+        deterministic=deterministic, kernel=kernel, window_name="window", dropout_rate=dropout_rate,
     )
     B = math.prod(lead)
     lens = []
@@ -197,6 +225,8 @@ def flash_attention(
     for name, x in (("bias", bias), ("mask", mask)):
         if x is not None:
             extras[name] = _core_bnts(name, x, lead, T, S, B)
+    if dropout_rate:
+        extras["dropout"] = _dropout_keys(dropout_rng, B, 1)
     out, lse = _call(
         q.reshape(B, T, 1, H), k.reshape(B, S, 1, H), v.reshape(B, S, 1, H), lens[0], lens[1], spec, extras
     )
@@ -233,6 +263,9 @@ def dot_product_attention(
     implementation=None,
     query_segment_ids=None,
     key_value_segment_ids=None,
+    dropout_rate: float = 0.0,
+    dropout_rng=None,
+    broadcast_dropout: bool = False,
 ):
     """A drop-in for `jax.nn.dot_product_attention` backed by FlashAttention kernels.
 
@@ -247,6 +280,20 @@ def dot_product_attention(
       (so an additive mask or position bias is not squashed by the cap).
     query_segment_ids, key_value_segment_ids: integer [B, T] and [B, S] ([T], [S] unbatched),
       given together: key j is visible to query i only if their ids are equal.
+    dropout_rate, dropout_rng: attention dropout, named as in Flax. dropout_rate is a static
+      Python float in [0, 1) (0, the default, is exactly no dropout); dropout_rng a JAX PRNG key
+      (jax.random.key or a raw jax.random.PRNGKey), required when the rate is > 0. Each softmax
+      element (b, n, t, s) is dropped with probability dropout_rate (kept ones scaled by
+      1 / (1 - rate)) by a counter-based RNG (Philox4x32-10, cuda/common/philox.h) keyed by
+      jax.random.bits(dropout_rng, (2,), uint32): the same key gives the same mask, and it is
+      recomputed, never stored, in the backward. The lse residual is of the undropped softmax.
+      Under vmap a mapped key gives each example its own mask; an unmapped key gives every
+      example the mask of the unbatched call (as a loop with that key would). CPU kernels only
+      for now: on a GPU the lowering raises NotImplementedError (jax.nn has no dropout to fall
+      back to).
+    broadcast_dropout: False (default): an independent mask per batch element and head. True:
+      one [T, S] mask shared by every batch element and head, as Flax's broadcast_dropout
+      (whose default is True).
 
     Differences from jax.nn's XLA path, by design: a query row that sees no key (e.g. a
     key_value_seq_length of 0, or a fully masked row) gives output 0 and lse -inf where XLA
@@ -256,16 +303,22 @@ def dot_product_attention(
     take them yet, so with implementation=None a call lowered for a GPU runs
     jax.nn.dot_product_attention(implementation="xla") instead (segment ids become a mask;
     the choice is made per platform when the call is lowered, with a JaxFlashFallbackWarning
-    at trace time when the default backend is not the CPU). With softcap as well there is no
-    XLA equivalent, and the GPU lowering raises NotImplementedError, as it does for an
-    explicit implementation="jax_flash" / "portable" / "hopper".
+    at trace time when the default backend is not the CPU). With softcap or dropout as well
+    there is no XLA equivalent, and the GPU lowering raises NotImplementedError, as it does
+    for an explicit implementation="jax_flash" / "portable" / "hopper".
 
     implementation: None or "jax_flash" (auto kernel choice), "portable" / "hopper"
     (force a GPU kernel family), or "xla" / "cudnn" to call jax.nn's own implementations
-    (segment ids are turned into a mask for them).
+    (segment ids are turned into a mask for them; they have no dropout).
     """
     seg_names = ("query_segment_ids", "key_value_segment_ids")
+    dropout_rate, dropout_rng = V.check_dropout(dropout_rate, dropout_rng)
+    if not isinstance(broadcast_dropout, bool):
+        raise TypeError(f"broadcast_dropout must be a bool, got {type(broadcast_dropout).__name__}")
     if implementation in ("xla", "cudnn"):
+        if dropout_rate:
+            raise ValueError(f"dropout_rate > 0 is not supported by implementation={implementation!r} "
+                             "(jax.nn's attention has no dropout); use implementation=None")
         if softcap is not None:
             raise ValueError(f"softcap is not supported by implementation={implementation!r}")
         query = jnp.asarray(query)
@@ -316,13 +369,14 @@ def dot_product_attention(
     spec = _spec(
         head_dim=H, scale=scale, causal=is_causal, window=local_window_size, softcap=softcap,
         q_offset=0, deterministic=False, kernel=kernels[implementation],
-        window_name="local_window_size",
+        window_name="local_window_size", dropout_rate=dropout_rate,
     )
     full = (B, N, T, S)
     extras = {
         "q_segment_ids": q_seg, "kv_segment_ids": kv_seg,
         "bias": None if bias is None else V.check_broadcastable("bias", bias, full, "[B, N, T, S]"),
         "mask": None if mask is None else V.check_broadcastable("mask", mask, full, "[B, N, T, S]"),
+        "dropout": _dropout_keys(dropout_rng, B, N, broadcast_dropout) if dropout_rate else None,
     }
 
     def kernels(query, key, value, q_lens, kv_lens, extras):
@@ -330,7 +384,8 @@ def dot_product_attention(
         return out, jnp.swapaxes(lse, -1, -2)  # [B, N, T] -> [B, T, N]
 
     used = [n for n, x in zip(("bias", "mask", "segment ids"), (bias, mask, q_seg)) if x is not None]
-    if used and implementation is None and softcap is None:
+    # No XLA fallback with dropout (jax.nn has none): the kernels, whose GPU lowering raises.
+    if used and implementation is None and softcap is None and not dropout_rate:
         # The GPU kernels do not take these yet: chosen per platform at lowering, so the same
         # jitted function runs the kernels on the CPU and XLA's attention on a GPU.
         if jax.default_backend() != "cpu":

@@ -5,19 +5,28 @@
     flax.nnx.MultiHeadAttention(..., attention_fn=jax_flash.flax.dot_product_attention)
 
 `dot_product_attention` accepts every argument those modules pass and does, per call:
-- no mask, no bias, no active dropout: the kernels (causal through `is_causal`, or
-  `causal_attention` for linen's module, which has no `is_causal`);
-- a `mask` (bool or 0/1 float) without bias or dropout: masks are traced arrays inside a jitted
-  module, so the choice is made on the device, by `lax.cond`. When every row of batch b sees
-  exactly the keys [0, L_b) with L_b >= 1 (key padding from `make_attention_mask`, the linen /
-  nnx decode cache's `arange(max_length) <= cur_index` mask), the kernels run with
+- no mask: the kernels (causal through `is_causal`, or `causal_attention` for linen's module,
+  which has no `is_causal`);
+- a `mask` (bool or 0/1 float): masks are traced arrays inside a jitted module, so the choice
+  is made on the device, by `lax.cond`. When every row of batch b sees exactly the keys
+  [0, L_b) with L_b >= 1 (key padding from `make_attention_mask`, the linen / nnx decode
+  cache's `arange(max_length) <= cur_index` mask), the kernels run with
   `key_value_seq_lengths=L` and only read the L_b live keys; any other mask runs Flax's own
   attention. Both give Flax's result (a fully masked row is the one case they would disagree
   on, so it goes to Flax). On a GPU, inputs the kernels do not take there (float32, head dims
   over 256) run Flax's attention directly, as they did before masks took the kernels;
-- a `bias` or active dropout: Flax's own attention, `flax.linen.dot_product_attention`,
-  unchanged, with a `JaxFlashFallbackWarning` (once per trace). (The CPU kernels take a bias,
-  the GPU kernels not yet; this adapter does not route biases to the kernels.)
+- a `bias` (added to the scaled logits, as Flax does) and active dropout (`dropout_rate > 0`
+  and not `deterministic`) run in the CPU kernels, with either of the above. The GPU kernels
+  take neither yet: a call lowered for a GPU runs `flax.linen.dot_product_attention` unchanged
+  (chosen per platform at lowering, with a `JaxFlashFallbackWarning` at trace time when the
+  default backend is not the CPU). The kernels' dropout draws its mask from jax_flash's own
+  counter-based RNG keyed by `dropout_rng` (see `jax_flash.dot_product_attention`), not from
+  `jax.random.bernoulli`, so under dropout the result is a different (equally distributed)
+  sample than Flax's attention with the same key: same key, same mask, but not Flax's mask.
+  `broadcast_dropout=True` (Flax's default) is honoured exactly: one [q_length, kv_length]
+  mask shared by every batch element and head. A mask that is not a key prefix sends the call
+  to Flax's attention, dropout included (Flax's own mask there).
+Extra `einsums` (AQT's einsum overrides) run Flax's attention, with a warning.
 Asking for the attention weights (`module` set, i.e. `sow_weights=True`) is an error: the
 kernels never form them. A causal mask passed as a mask is not a key prefix and so takes
 Flax's attention: pass `is_causal` (or use `causal_attention`) instead.
@@ -62,8 +71,9 @@ def dot_product_attention(
 ):
     """Flax's `attention_fn` signature: query [..., T, N, H], key/value [..., S, K, H].
 
-    Runs jax_flash when the call is one its kernels compute exactly, Flax's own attention
-    otherwise (see the module docstring). `dtype` casts query/key/value (as Flax does);
+    Runs jax_flash when the call is one its kernels compute (exactly, or under dropout with
+    its own RNG), Flax's own attention otherwise (see the module docstring). `dtype` casts
+    query/key/value (as Flax does);
     `precision` and `force_fp32_for_softmax` need nothing: the kernels multiply with float32
     accumulation and do the softmax in float32. Extra `einsums` (AQT's einsum overrides)
     force the fallback, where they are honoured.
@@ -74,23 +84,42 @@ def dot_product_attention(
             "asked to sow them, sow_weights=True); use Flax's default attention_fn for that call"
         )
     dropout_active = dropout_rate > 0.0 and not deterministic
-    reasons = [name for name, used in (
-        ("bias", bias is not None),
-        ("dropout", dropout_active),
-        ("einsum overrides", any(f is not None for f in einsums.values())),
-    ) if used]
-    if reasons:
+    flax_attention = lambda q, k, v: _flax_attention(
+        q, k, v, bias, mask, broadcast_dropout, dropout_rng, dropout_rate, deterministic, dtype, precision,
+        force_fp32_for_softmax, is_causal, einsums)
+    if any(f is not None for f in einsums.values()):
         warnings.warn(
-            f"jax_flash.flax: {', '.join(reasons)} not taken by the adapter's kernel path yet; this call "
+            "jax_flash.flax: einsum overrides are not taken by the adapter's kernel path; this call "
             "runs flax.linen.dot_product_attention (XLA, materialises the attention matrix)",
             JaxFlashFallbackWarning, stacklevel=2,
         )
-        return _flax_attention(query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
-                               deterministic, dtype, precision, force_fp32_for_softmax, is_causal, einsums)
+        return flax_attention(query, key, value)
 
+    # What only the CPU kernels take (bias, dropout) rides along to _kernel_attention.
+    extras = {}
+    if bias is not None:
+        extras["bias"] = bias
+    if dropout_active:
+        extras.update(dropout_rate=dropout_rate, dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout)
     if mask is not None:
-        return _masked_attention(query, key, value, mask, dtype, precision, force_fp32_for_softmax, is_causal)
-    return _kernel_attention(query, key, value, dtype, is_causal)
+        run = functools.partial(_masked_attention, mask=mask, flax_attention=flax_attention, extras=extras)
+    else:
+        run = functools.partial(_kernel_attention, **extras)
+    if not extras:
+        return run(query, key, value, dtype=dtype, is_causal=is_causal)
+
+    used = [n for n, on in (("bias", bias is not None), ("dropout", dropout_active)) if on]
+    if jax.default_backend() != "cpu":
+        warnings.warn(
+            f"jax_flash.flax: {' and '.join(used)} not supported by the GPU kernels yet; lowered for a "
+            "GPU this call runs flax.linen.dot_product_attention (XLA, materialises the attention matrix)",
+            JaxFlashFallbackWarning, stacklevel=2,
+        )
+    out_dtype = jnp.asarray(query, dtype).dtype  # the kernels' output dtype
+    # Chosen per platform at lowering: the CPU kernels, Flax's attention elsewhere.
+    return jax.lax.platform_dependent(
+        query, key, value, cpu=lambda q, k, v: run(q, k, v, dtype=dtype, is_causal=is_causal),
+        default=lambda q, k, v: flax_attention(q, k, v).astype(out_dtype))
 
 
 def _check_shapes(query, key, value):
@@ -105,16 +134,35 @@ def _check_shapes(query, key, value):
         raise ValueError(f"query/key/value batch dims differ: {query.shape}, {key.shape}, {value.shape}")
 
 
-def _kernel_attention(query, key, value, dtype, is_causal, kv_lengths=None):
-    """The kernels; kv_lengths (int32, batch dims flattened) bounds the keys each batch sees."""
+def _kernel_attention(query, key, value, dtype, is_causal, kv_lengths=None, bias=None, **dropout):
+    """The kernels; kv_lengths (int32, batch dims flattened) bounds the keys each batch sees.
+    bias: Flax's, broadcastable to [batch..., heads, q_length, kv_length]; dropout: the
+    dropout_rate / dropout_rng / broadcast_dropout arguments of jax_flash.dot_product_attention."""
     query, key, value = (jnp.asarray(x, dtype) for x in (query, key, value))  # dtype None: unchanged
     _check_shapes(query, key, value)
     batch = query.shape[:-3]
     # Any number of batch dims (Flax allows several) folds into the kernel's one.
     flat = lambda x: x.reshape((math.prod(batch),) + x.shape[-3:])
-    out = _attention.dot_product_attention(flat(query), flat(key), flat(value), is_causal=is_causal,
-                                           key_value_seq_lengths=kv_lengths)
+    if bias is not None:
+        bias = _flat_bias(bias, batch, query.shape[-2], query.shape[-3], key.shape[-3])
+    out = _attention.dot_product_attention(flat(query), flat(key), flat(value), bias, is_causal=is_causal,
+                                           key_value_seq_lengths=kv_lengths, **dropout)
     return out.reshape(batch + out.shape[1:])
+
+
+def _flat_bias(bias, batch, heads, q_len, kv_len):
+    """A bias broadcastable to batch + [heads, q_len, kv_len] with its batch dims folded into one
+    (kept at 1 when it is broadcast over all of them; expanded over some only)."""
+    bias = jnp.asarray(bias)
+    full = tuple(batch) + (heads, q_len, kv_len)
+    if bias.ndim > len(full):
+        raise ValueError(f"bias of shape {bias.shape} is not broadcastable to {full}")
+    bias = bias.reshape((1,) * (len(full) - bias.ndim) + bias.shape)
+    nb = len(batch)
+    if all(d == 1 for d in bias.shape[:nb]):
+        return bias.reshape((1,) + bias.shape[nb:])
+    bias = jnp.broadcast_to(bias, tuple(batch) + bias.shape[nb:])
+    return bias.reshape((math.prod(batch),) + bias.shape[nb:])
 
 
 def key_prefix_lengths(mask, batch_shape, heads: int, q_len: int, kv_len: int):
@@ -132,18 +180,16 @@ def key_prefix_lengths(mask, batch_shape, heads: int, q_len: int, kv_len: int):
     return lengths, ok
 
 
-def _masked_attention(query, key, value, mask, dtype, precision, force_fp32_for_softmax, is_causal):
-    """A mask without bias or dropout: the kernels with key lengths when the mask is a key
-    prefix (decided on the device), Flax's attention otherwise."""
+def _masked_attention(query, key, value, mask, flax_attention, extras, dtype, is_causal):
+    """A mask: the kernels with key lengths (and extras: bias, dropout) when the mask is a key
+    prefix (decided on the device), flax_attention(q, k, v) otherwise."""
     _check_shapes(query, key, value)
     batch, (q_len, heads), kv_len = query.shape[:-3], query.shape[-3:-1], key.shape[-3]
     kernel_dtype = jnp.asarray(query, dtype).dtype
 
-    flax_attention = lambda q, k, v: _flax_attention(q, k, v, None, mask, True, None, 0.0, True, dtype, precision,
-                                                     force_fp32_for_softmax, is_causal, {})
     def kernels(operands):
         q, k, v, lens = operands
-        return _kernel_attention(q, k, v, dtype, is_causal, lens)
+        return _kernel_attention(q, k, v, dtype, is_causal, lens, **extras)
 
     def flax_branch(operands):
         return flax_attention(*operands[:3]).astype(kernel_dtype)  # the kernels' output dtype

@@ -32,12 +32,14 @@ def visible_mask(T, S, *, causal=False, window=(-1, -1), q_lens=None, kv_lens=No
 
 def attention(q, k, v, *, scale=None, causal=False, window=(-1, -1), softcap=None, q_lens=None,
               kv_lens=None, q_offset=0, bottom_right=False, q_segment_ids=None, kv_segment_ids=None,
-              bias=None, mask=None, compute_dtype=jnp.float64):
+              bias=None, mask=None, dropout_keep=None, dropout_rate=0.0, compute_dtype=jnp.float64):
     """q [B, T, N, H], k/v [B, S, K, H] -> (out [B, T, N, H], lse [B, N, T]).
 
     q_segment_ids [B, T] / kv_segment_ids [B, S]: key j visible to query i only if equal.
     bias (float) and mask (bool, True = attend): broadcastable to [B, N, T, S]; the logits are
     softcap(scale * q.k) + bias. Computed in compute_dtype (float64 needs jax_enable_x64).
+    dropout_keep (bool, broadcastable to [B, N, T, S]): the softmax is multiplied by
+    keep / (1 - dropout_rate) before it meets v; lse is that of the undropped softmax.
     Rows with no visible key give out 0 and lse -inf."""
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
@@ -67,6 +69,9 @@ def attention(q, k, v, *, scale=None, causal=False, window=(-1, -1), softcap=Non
     m_safe = jnp.where(jnp.isfinite(m), m, 0)
     p = jnp.where(vis, jnp.exp(s - m_safe), 0)
     l = jnp.sum(p, axis=-1, keepdims=True)
-    out = jnp.einsum("bnts,bsnh->btnh", p / jnp.where(l > 0, l, 1), vf)
+    p = p / jnp.where(l > 0, l, 1)
+    if dropout_keep is not None:
+        p = jnp.where(jnp.asarray(dropout_keep), p / jnp.asarray(1 - dropout_rate, compute_dtype), 0)
+    out = jnp.einsum("bnts,bsnh->btnh", p, vf)
     lse = jnp.where(l[..., 0] > 0, jnp.log(jnp.where(l[..., 0] > 0, l[..., 0], 1)) + m_safe[..., 0], -jnp.inf)
     return out.astype(q.dtype) if compute_dtype == q.dtype else out, lse

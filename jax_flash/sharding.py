@@ -214,7 +214,8 @@ def _bwd_body(spec, q, k, v, o, lse, do, q_lens, kv_lens, *extras):
     return tuple(flash_bwd_local_p.bind(q, k, v, o, lse, do, q_lens, kv_lens, *extras, spec=spec))
 
 
-# The optional operands (spec.extras): segment ids [B, L] shard with the batch; a bias/mask
+# The optional operands (spec.extras): segment ids [B, L] shard with the batch; the dropout
+# table [B, N, 4] like lse's [B, N]; a bias/mask
 # [Bb, Nb, Tb, Sb] shards its batch and head dims like q where they are not broadcast (size 1
 # against a larger B or N), and is replicated on the rest. dbias is summed over the mesh axes
 # that shard batch or heads where the bias is broadcast.
@@ -226,6 +227,8 @@ def _extras_shardings(spec, mesh, extras_shapes, q_shape, b_axes, n_axes):
     for name, x in zip(spec.extras, extras_shapes):
         if name in ("q_segment_ids", "kv_segment_ids"):
             out.append(ns(_entry(b_axes), None))
+        elif name == "dropout":
+            out.append(ns(_entry(b_axes), _entry(n_axes), None))
         else:
             b = _entry(b_axes) if x.shape[0] == q_shape[0] else None
             n = _entry(n_axes) if x.shape[1] == q_shape[2] else None
@@ -341,6 +344,10 @@ def _extras_terms(spec, q, S, extras, n):
     for i, (name, x) in enumerate(zip(spec.extras, extras)):
         if name in ("q_segment_ids", "kv_segment_ids"):
             terms.append("b t" if name == "q_segment_ids" else "b s")
+            continue
+        if name == "dropout":  # [B, N, 4]: the 4 key/coordinate words stay whole
+            own.append(f"z{i}")
+            terms.append(f"b {n} z{i}")
             continue
         dims = []
         for a, (full, f) in enumerate(zip((q[0], q[2], q[1], S), ("b", n, "t", "s"))):

@@ -1,8 +1,11 @@
 """jax_flash.flax: the attention_fn of Flax's linen and nnx attention modules. Same outputs
 and gradients as the modules' default attention; key-prefix masks (padding, the decode cache)
 run the kernels with lengths, other masks Flax's own attention (chosen on the device); bias
-and active dropout run Flax's attention with a warning; attention weights are an error."""
+and active dropout run the CPU kernels (dropout with jax_flash's own mask, checked against
+the numpy Philox of test_dropout.py), Flax's attention when lowered for a GPU; attention
+weights are an error."""
 
+import re
 import warnings
 
 import jax
@@ -14,7 +17,10 @@ flax = pytest.importorskip("flax")
 import flax.linen as nn  # noqa: E402
 from flax import nnx  # noqa: E402
 
+import jax_flash  # noqa: E402
 import jax_flash.flax as jf  # noqa: E402
+from jax_flash import reference  # noqa: E402
+from test_dropout import np_keep, seed_of  # noqa: E402
 
 B, T, D, HEADS = 2, 37, 64, 4  # odd length on purpose
 
@@ -169,17 +175,101 @@ def test_nnx_decode_cache_takes_the_lengths_path(kernel_runs):
     assert len(kernel_runs) == 4
 
 
-def test_active_dropout_falls_back_with_the_same_rng_stream():
+def test_active_dropout_runs_the_kernels(kernel_runs):
     x = _x(11)
     ref, ours = _linen_pair(dropout_rate=0.3)
     params = ref.init(jax.random.key(12), x, deterministic=True)
-    rngs = {"dropout": jax.random.key(13)}
-    with pytest.warns(jf.JaxFlashFallbackWarning, match="dropout"):
-        got = ours.apply(params, x, deterministic=False, rngs=rngs)
-    _close(got, ref.apply(params, x, deterministic=False, rngs=rngs))
-    with warnings.catch_warnings():  # deterministic (eval) with a dropout rate: the kernel
+    train = jax.jit(lambda p, x, rng: ours.apply(p, x, deterministic=False, rngs={"dropout": rng}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jf.JaxFlashFallbackWarning)  # on the CPU: the kernels
+        a, b = train(params, x, jax.random.key(13)), train(params, x, jax.random.key(13))
+        c = train(params, x, jax.random.key(14))
+        evaluated = ours.apply(params, x, deterministic=True)  # a dropout rate, deterministic: no dropout
+    jax.effects_barrier()
+    assert len(kernel_runs) == 4
+    np.testing.assert_array_equal(a, b)  # same key, same mask
+    assert float(jnp.abs(a - c).max()) > 1e-2
+    assert float(jnp.abs(a - evaluated).max()) > 1e-2
+    _close(evaluated, ref.apply(params, x, deterministic=True))
+    # Training works through it: finite parameter gradients.
+    grads = jax.grad(lambda p: jnp.sum(ours.apply(p, x, deterministic=False, rngs={"dropout": jax.random.key(1)}) ** 2))(params)
+    assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
+
+
+@pytest.mark.parametrize("broadcast", [True, False], ids=["broadcast_dropout", "per_example"])
+def test_dropout_is_the_philox_mask(broadcast):
+    """Direct attention_fn call with two batch dims: the kernels' output equals the float64
+    reference with the numpy Philox mask; broadcast_dropout=True (Flax's default) shares one mask
+    across batch and heads, False gives each (flattened batch, head) its own."""
+    q, k, v = (jax.random.normal(jax.random.key(i), (2, 3, 13, 2, 8), jnp.float32) for i in range(3))
+    rng, rate = jax.random.key(5), 0.4
+    got = jf.dot_product_attention(q, k, v, dropout_rng=rng, dropout_rate=rate, broadcast_dropout=broadcast)
+    keep = np_keep(seed_of(rng), 6, 2, 13, 13, rate, broadcast=broadcast)
+    flat = lambda x: x.reshape(6, 13, 2, 8).astype(jnp.float64)
+    want, _ = reference.attention(flat(q), flat(k), flat(v), dropout_keep=keep, dropout_rate=rate)
+    _close(got, want.reshape(got.shape), 1e-5)
+    wrong, _ = reference.attention(flat(q), flat(k), flat(v), dropout_keep=np_keep(
+        seed_of(rng), 6, 2, 13, 13, rate, broadcast=not broadcast), dropout_rate=rate)
+    assert float(jnp.abs(got - wrong.reshape(got.shape)).max()) > 1e-2
+
+
+BIASES = {  # shapes broadcastable to [2, 3, heads 2, 13, 17] (two batch dims)
+    "full": (2, 3, 2, 13, 17),
+    "over_batch": (2, 13, 17),
+    "some_batch_dims": (2, 1, 1, 13, 17),
+    "over_keys": (3, 1, 13, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(BIASES))
+def test_bias_runs_the_cpu_kernels_like_flax(case):
+    """Flax adds the bias to the scaled logits: outputs and every gradient (dbias too) match
+    flax.linen.dot_product_attention, with no fallback warning."""
+    q = jax.random.normal(jax.random.key(0), (2, 3, 13, 2, 8), jnp.float32)
+    k, v = (jax.random.normal(jax.random.key(i), (2, 3, 17, 2, 8), jnp.float32) for i in (1, 2))
+    bias = jax.random.normal(jax.random.key(3), BIASES[case], jnp.float32)
+    loss = lambda fn: jax.jit(jax.value_and_grad(lambda q, k, v, b: jnp.sum(jnp.sin(fn(q, k, v, bias=b))),
+                                                 argnums=(0, 1, 2, 3)))
+    with warnings.catch_warnings():
         warnings.simplefilter("error", jf.JaxFlashFallbackWarning)
-        _close(ours.apply(params, x, deterministic=True), ref.apply(params, x, deterministic=True))
+        v1, g1 = loss(jf.dot_product_attention)(q, k, v, bias)
+    v0, g0 = loss(nn.dot_product_attention)(q, k, v, bias)
+    _close(v1, v0, 1e-4)
+    for a, b in zip(g1, g0):
+        assert a.shape == b.shape
+        _close(a, b, 1e-4)
+
+
+def test_bias_with_masks(kernel_runs):
+    """bias with a key-prefix mask: the kernels with lengths; with any other mask: Flax's."""
+    q, k, v = (jax.random.normal(jax.random.key(i), (2, 11, 2, 8), jnp.float32) for i in range(3))
+    bias = jax.random.normal(jax.random.key(4), (2, 11, 11), jnp.float32)
+    prefix = nn.make_attention_mask(jnp.ones((2, 11)), jnp.arange(11)[None] < jnp.array([[11], [6]]))
+    other = nn.make_causal_mask(jnp.ones((2, 11)))
+    for mask, runs in ((prefix, [1]), (other, [1])):  # runs: kernel executions so far
+        got = jax.jit(lambda q, k, v, m: jf.dot_product_attention(q, k, v, bias=bias, mask=m))(q, k, v, mask)
+        jax.effects_barrier()
+        _close(got, nn.dot_product_attention(q, k, v, bias=bias, mask=mask))
+        assert kernel_runs == runs
+
+
+def test_bias_and_dropout_lowered_for_a_gpu_run_flax_attention(monkeypatch):
+    q, k, v = (jax.random.normal(jax.random.key(i), (2, 11, 2, 8), jnp.bfloat16) for i in range(3))
+    bias = jnp.zeros((2, 11, 11), jnp.float32)
+    rng = jax.random.key(0)
+    calls = {
+        "bias": lambda q, k, v: jf.dot_product_attention(q, k, v, bias=bias),
+        "dropout": lambda q, k, v: jf.dot_product_attention(q, k, v, dropout_rng=rng, dropout_rate=0.1),
+    }
+    for name, fn in calls.items():
+        for platform, want in (("cuda", []), ("cpu", ["jax_flash_fwd"])):
+            exp = jax.export.export(jax.jit(fn), platforms=[platform],
+                                    disabled_checks=jax_flash.export_disabled_checks())(q, k, v)
+            assert re.findall(r"custom_call @(\w+)", exp.mlir_module()) == want, (name, platform)
+        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+        with pytest.warns(jf.JaxFlashFallbackWarning, match=f"{name} not supported by the GPU kernels"):
+            fn(q, k, v)
+        monkeypatch.undo()
 
 
 def test_asking_for_attention_weights_is_an_error():

@@ -8,7 +8,8 @@
 //   lse          : [batch, heads_q, seqlen_q]   (float32)
 //   dsum, lse_log2 (backward workspaces): [batch, heads_q, seqlen_q_rounded] (float32)
 //   optional: q/kv segment ids int32 [batch, seqlen]; bias / mask / dbias broadcastable to
-//   [batch, heads_q, seqlen_q, seqlen_k] through their strides (see the end of FlashFwdParams)
+//   [batch, heads_q, seqlen_q, seqlen_k] through their strides (see the end of FlashFwdParams);
+//   dropout keys uint32 [batch, heads_q, 4]
 // Strides are in elements and 64-bit so that batch*seqlen*heads*head_dim may pass 2^31.
 #pragma once
 
@@ -76,6 +77,20 @@ struct FlashFwdParams {
   // Boolean mask (one byte per element, nonzero = may attend), broadcast like the bias.
   const uint8_t* mask = nullptr;
   int64_t mask_batch_stride = 0, mask_head_stride = 0, mask_row_stride = 0, mask_col_stride = 0;
+
+  // --- attention dropout, appended last (philox.h has the RNG and the counter layout);
+  // dropout_keys == nullptr = off, and the kernels then make no RNG call. Element (b, h, i, j)
+  // of the softmax P is kept iff its Philox word >= dropout_threshold; kept values are scaled by
+  // dropout_scale. lse stays that of the undropped softmax. ---
+  // [batch, heads_q, 4] uint32 per (batch, q head): Philox key (seed lo, seed hi), then the
+  // batch and head counter coordinates. A table rather than one seed, so a vmapped call keeps
+  // each example's own key and coordinates after its axis is folded into batch or heads, and
+  // coordinates 0 share one mask across batch / heads (Flax's broadcast_dropout).
+  const uint32_t* dropout_keys = nullptr;
+  int64_t dropout_batch_stride = 0, dropout_head_stride = 0;
+  float dropout_rate = 0.f;        // informational; in [0, 1)
+  uint32_t dropout_threshold = 0;  // round(rate * 2^32), see dropout_threshold()
+  float dropout_scale = 1.f;       // 1 / (1 - rate)
 
   int64_t group() const { return heads_q / heads_kv; }
 };

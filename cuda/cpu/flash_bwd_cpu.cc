@@ -9,11 +9,16 @@
 // owns dbias instead: one task per (dbias slice, key block) recomputes S and dP for every
 // (batch, head) mapped onto it, in a fixed order. Both keep the CPU backend deterministic
 // and neither allocates a per-(batch, head) dbias buffer.
+//
+// Dropout (Z = keep / (1 - rate) per element, O = (P o Z) V): dV = (P o Z)^T dO and
+// dS = P o (dO V^T o Z - D) with D = rowsum(dO o O) of the dropped O, since
+// rowsum(P o Z o dO V^T) = dO . O. The keep mask is recomputed from the same counters.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "../common/philox.h"
 #include "flash_cpu.h"
 #include "logits.h"
 #include "parallel.h"
@@ -27,10 +32,10 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Scratch for one thread's tiles.
 struct BwdTiles {
-  std::vector<float> kf, kt, vt, qf, dof, s, dp, capped, bias_buf, row;
+  std::vector<float> kf, kt, vt, qf, dof, s, dp, capped, bias_buf, z, row;
   explicit BwdTiles(int H)
       : kf(kBlockK * H), kt(H * kBlockK), vt(H * kBlockK), qf(kBlockQ * H), dof(kBlockQ * H),
-        s(kBlockQ * kBlockK), dp(kBlockQ * kBlockK), capped(kBlockK), bias_buf(kBlockK), row(H) {}
+        s(kBlockQ * kBlockK), dp(kBlockQ * kBlockK), capped(kBlockK), bias_buf(kBlockK), z(kBlockK), row(H) {}
 
   // K (row-major and transposed) and V^T of keys [k0, k0 + nk) of kv head (b, hk).
   void load_kv(const FlashBwdParams& p, int b, int hk, int64_t k0, int nk) {
@@ -52,24 +57,30 @@ struct BwdTiles {
     gemm_nt_into(nr, nk, H, dof.data(), H, vt.data(), kBlockK, dp.data(), kBlockK);
   }
 
-  // s -> P and dp -> dS w.r.t. the scaled raw logit q.k * scale (what dQ/dK need), for the
-  // tile scored above. dS w.r.t. the final logit (the bias's gradient) is added into dbias
-  // (offset to this (batch, head)) when given.
-  void probs_and_grads(const FlashBwdParams& p, const HeadLogits& logits, TileKind kind, const float* lse,
-                       const float* dsum, int64_t r0, int nr, int64_t k0, int nk, float* dbias) {
+  // s -> P (P o Z under dropout: what dV needs) and dp -> dS w.r.t. the scaled raw logit
+  // q.k * scale (what dQ/dK need), for the tile scored above. dS w.r.t. the final logit (the
+  // bias's gradient) is added into dbias (offset to this (batch, head)) when given.
+  // drop: this (batch, head)'s dropout, or nullptr when off.
+  void probs_and_grads(const FlashBwdParams& p, const HeadLogits& logits, const HeadDropout* drop, TileKind kind,
+                       const float* lse, const float* dsum, int64_t r0, int nr, int64_t k0, int nk, float* dbias) {
+    const bool softcap = p.softcap > 0.f;
     for (int i = 0; i < nr; ++i) {
-      float* si = s.data() + i * kBlockK;    // becomes P
+      float* si = s.data() + i * kBlockK;    // becomes P (o Z)
       float* dpi = dp.data() + i * kBlockK;  // becomes dS
       const float li = lse[r0 + i];
       const float di = dsum[r0 + i];
       logits.row(si, r0 + i, k0, nk, kind, capped.data(), bias_buf.data());
+      if (drop) {  // z = Z of this row: 1 / (1 - rate) where kept, 0 where dropped
+        std::fill(z.begin(), z.begin() + nk, p.dropout_scale);
+        drop->apply_row(z.data(), r0 + i, k0, nk, 1.f);
+      }
       float* db = dbias ? dbias + (r0 + i) * p.dbias_row_stride + k0 * p.dbias_col_stride : nullptr;
       for (int j = 0; j < nk; ++j) {
         const float pij = (li == kNegInf || si[j] == kNegInf) ? 0.f : std::exp(si[j] - li);
-        const float ds = pij * (dpi[j] - di);
+        const float ds = pij * ((drop ? dpi[j] * z[j] : dpi[j]) - di);
         if (db) db[j * p.dbias_col_stride] += ds;
-        si[j] = pij;
-        dpi[j] = ds * softcap_grad(capped[j], p.softcap);
+        si[j] = drop ? pij * z[j] : pij;
+        dpi[j] = softcap ? ds * softcap_grad(capped[j], p.softcap) : ds;
       }
     }
   }
@@ -88,23 +99,35 @@ void row_dsum(const FlashBwdParams& p, int b, int h, float* o_row, float* do_row
   }
 }
 
+// The dbias buffer's own extents: the bias's shape, 1 along each broadcast (stride-0) axis.
+struct DbiasExtents {
+  int batch, heads;
+  int64_t rows, cols;
+  explicit DbiasExtents(const FlashBwdParams& p)
+      : batch(p.dbias_batch_stride ? p.batch : 1),
+        heads(p.dbias_head_stride ? p.heads_q : 1),
+        rows(p.dbias_row_stride ? p.seqlen_q : 1),
+        cols(p.dbias_col_stride ? p.seqlen_k : 1) {}
+  int64_t size() const { return int64_t(batch) * heads * rows * cols; }
+};
+
 // The separate dbias pass (see the top of the file). A task owns dbias slice (bb, nb) and
 // keys [k_begin, k_end): one key block, or all keys when the bias is broadcast over keys.
-void dbias_pass(const FlashBwdParams& p) {
-  const int Bb = p.dbias_batch_stride == 0 ? 1 : p.batch;
-  const int Nb = p.dbias_head_stride == 0 ? 1 : p.heads_q;
-  const int64_t key_blocks = p.dbias_col_stride == 0 ? 1 : (p.seqlen_k + kBlockK - 1) / kBlockK;
+void dbias_pass(const FlashBwdParams& p, const DbiasExtents& ext) {
+  const bool over_keys = ext.cols == 1;  // broadcast over keys: a task sums all of them
+  const int64_t key_blocks = over_keys ? 1 : (p.seqlen_k + kBlockK - 1) / kBlockK;
   const int64_t group = p.group();
-  parallel_for(int64_t(Bb) * Nb * key_blocks, [&](int64_t task) {
+  parallel_for(int64_t(ext.batch) * ext.heads * key_blocks, [&](int64_t task) {
     const int64_t kb = task % key_blocks;
-    const int nb = int(task / key_blocks % Nb);
-    const int bb = int(task / key_blocks / Nb);
-    const int64_t k_begin = p.dbias_col_stride == 0 ? 0 : kb * kBlockK;
-    const int64_t k_end = p.dbias_col_stride == 0 ? p.seqlen_k : std::min<int64_t>(k_begin + kBlockK, p.seqlen_k);
+    const int nb = int(task / key_blocks % ext.heads);
+    const int bb = int(task / key_blocks / ext.heads);
+    const int64_t k_begin = over_keys ? 0 : kb * kBlockK;
+    const int64_t k_end = over_keys ? p.seqlen_k : std::min<int64_t>(k_begin + kBlockK, p.seqlen_k);
     BwdTiles t(p.head_dim);
-    for (int b = Bb == 1 ? 0 : bb; b < (Bb == 1 ? p.batch : bb + 1); ++b) {
-      for (int h = Nb == 1 ? 0 : nb; h < (Nb == 1 ? p.heads_q : nb + 1); ++h) {
+    for (int b = ext.batch == 1 ? 0 : bb; b < (ext.batch == 1 ? p.batch : bb + 1); ++b) {
+      for (int h = ext.heads == 1 ? 0 : nb; h < (ext.heads == 1 ? p.heads_q : nb + 1); ++h) {
         const HeadLogits logits(p, b, h);
+        const HeadDropout drop = p.dropout_keys ? make_head_dropout(p, b, h) : HeadDropout{};
         const float* lse = p.lse + (int64_t(b) * p.heads_q + h) * p.seqlen_q;
         const float* dsum = p.dsum + row_stats_offset(p, b, h);
         float* dbias = p.dbias + dbias_offset(p, b, h);
@@ -119,7 +142,7 @@ void dbias_pass(const FlashBwdParams& p) {
             const TileKind kind = logits.classify(r0, r0 + nr, k0, k0 + nk);
             if (kind == TileKind::kSkip) continue;
             t.scores(p, b, h, r0, nr, nk);
-            t.probs_and_grads(p, logits, kind, lse, dsum, r0, nr, k0, nk, dbias);
+            t.probs_and_grads(p, logits, p.dropout_keys ? &drop : nullptr, kind, lse, dsum, r0, nr, k0, nk, dbias);
           }
         }
       }
@@ -135,11 +158,8 @@ void flash_bwd(const FlashBwdParams& p) {
   const int64_t T = p.seqlen_q;
   // dbias is a float32 sum: start from zero (only the bias's own, broadcast shape).
   const bool separate_dbias = p.dbias && dbias_shared_across_kv_heads(p);
-  if (p.dbias) {
-    const int64_t n = (p.dbias_batch_stride ? p.batch : 1) * (p.dbias_head_stride ? p.heads_q : 1) *
-                      (p.dbias_row_stride ? p.seqlen_q : 1) * (p.dbias_col_stride ? p.seqlen_k : 1);
-    std::fill(p.dbias, p.dbias + n, 0.f);
-  }
+  const DbiasExtents dbias_ext(p);
+  if (p.dbias) std::fill(p.dbias, p.dbias + dbias_ext.size(), 0.f);
 
   parallel_for(int64_t(p.batch) * p.heads_kv, [&](int64_t task) {
     const int b = int(task / p.heads_kv);
@@ -151,7 +171,11 @@ void flash_bwd(const FlashBwdParams& p) {
     for (int64_t g = 0; g < group; ++g) row_dsum(p, b, int(hk * group + g), t.row.data(), row2.data());
 
     std::vector<HeadLogits> logits;  // per q head of the group
-    for (int64_t g = 0; g < group; ++g) logits.emplace_back(p, b, int(hk * group + g));
+    std::vector<HeadDropout> drops;  // per q head of the group; empty when dropout is off
+    for (int64_t g = 0; g < group; ++g) {
+      logits.emplace_back(p, b, int(hk * group + g));
+      if (p.dropout_keys) drops.push_back(make_head_dropout(p, b, int(hk * group + g)));
+    }
     const SeqMask& seq = logits[0].seq;  // the interval rule is per batch, shared by the group
 
     std::vector<float> dq(group * T * H, 0.f);  // float32 dQ of the group's q heads
@@ -175,7 +199,7 @@ void flash_bwd(const FlashBwdParams& p) {
           const TileKind kind = logits[g].classify(r0, r0 + nr, k0, k0 + nk);
           if (kind == TileKind::kSkip) continue;
           t.scores(p, b, h, r0, nr, nk);
-          t.probs_and_grads(p, logits[g], kind, lse, dsum, r0, nr, k0, nk, dbias);
+          t.probs_and_grads(p, logits[g], drops.empty() ? nullptr : &drops[g], kind, lse, dsum, r0, nr, k0, nk, dbias);
           gemm_tn_acc(nr, nk, H, 1.f, t.s.data(), kBlockK, t.dof.data(), H, dv.data(), H);
           gemm_tn_acc(nr, nk, H, p.scale, t.dp.data(), kBlockK, t.qf.data(), H, dk.data(), H);
           gemm_acc(nr, nk, H, p.scale, t.dp.data(), kBlockK, t.kf.data(), H, dq_h + r0 * H, H);
@@ -194,7 +218,7 @@ void flash_bwd(const FlashBwdParams& p) {
     }
   });
 
-  if (separate_dbias) dbias_pass(p);
+  if (separate_dbias) dbias_pass(p, dbias_ext);
 }
 
 }  // namespace jax_flash::cpu

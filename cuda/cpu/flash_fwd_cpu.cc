@@ -1,11 +1,15 @@
 // CPU forward: for each (batch, q head) and each block of query rows, stream over the
 // visible key blocks keeping a running max, running sum and float32 accumulator
 // (online softmax). Memory is O(kBlockQ * (kBlockK + head_dim)) per thread.
+// Dropout zeroes elements of exp(S - m) after they entered the running sum (lse and the
+// normaliser are those of the undropped softmax); the 1 / (1 - rate) scale is folded into
+// the final 1 / l.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "../common/philox.h"
 #include "flash_cpu.h"
 #include "logits.h"
 #include "parallel.h"
@@ -23,6 +27,8 @@ void flash_fwd(const FlashFwdParams& p) {
     const int h = int(task % p.heads_q);
     const int hk = int(h / group);
     const HeadLogits logits(p, b, h);
+    const bool dropout = p.dropout_keys != nullptr;
+    const HeadDropout drop = dropout ? make_head_dropout(p, b, h) : HeadDropout{};
     const int64_t q_off = b * p.q_batch_stride + h * p.q_head_stride;
     const int64_t k_off = b * p.k_batch_stride + hk * p.k_head_stride;
     const int64_t v_off = b * p.v_batch_stride + hk * p.v_head_stride;
@@ -63,6 +69,7 @@ void flash_fwd(const FlashFwdParams& p) {
           }
           l[i] = l[i] * alpha + sum;
           m[i] = mx;
+          if (dropout) drop.apply_row(si, r0 + i, k0, nk, 1.f);
           float* ai = acc.data() + i * H;
           if (alpha != 1.f)
             for (int d = 0; d < H; ++d) ai[d] *= alpha;
@@ -76,7 +83,7 @@ void flash_fwd(const FlashFwdParams& p) {
       for (int i = 0; i < nr; ++i) {
         float* ai = acc.data() + i * H;
         if (l[i] > 0.f) {
-          const float inv = 1.f / l[i];
+          const float inv = (dropout ? p.dropout_scale : 1.f) / l[i];
           for (int d = 0; d < H; ++d) ai[d] *= inv;
           lse[r0 + i] = m[i] + std::log(l[i]);
         } else {  // empty row: out 0, lse -inf

@@ -35,12 +35,17 @@ struct HeadLogits {
   }
 
   // Raw q.k of row i, keys [k0, k0 + nk), in place -> logits (-inf where not visible).
-  // capped (or nullptr): the softcapped scaled logit before the bias, for softcap_grad.
+  // capped (or nullptr): receives the softcapped scaled logit before the bias, for
+  // softcap_grad; written only when softcap is on (without it the gradient factor is 1).
   // bias_buf: nk floats of scratch.
   void row(float* s, int64_t i, int64_t k0, int nk, TileKind kind, float* capped, float* bias_buf) const {
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-    for (int j = 0; j < nk; ++j) s[j] = apply_softcap(s[j] * scale, softcap);
-    if (capped) std::copy(s, s + nk, capped);
+    if (softcap > 0.f) {
+      for (int j = 0; j < nk; ++j) s[j] = apply_softcap(s[j] * scale, softcap);
+      if (capped) std::copy(s, s + nk, capped);
+    } else {
+      for (int j = 0; j < nk; ++j) s[j] *= scale;
+    }
     if (bias) {
       const int64_t off = bias_off + i * bias_row_stride + k0 * bias_col_stride;
       if (bias_col_stride == 1) {

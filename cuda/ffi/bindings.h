@@ -54,7 +54,8 @@ auto bind_extras(Binding b) {
       .template Arg<AnyBuffer>()   // q_segment_ids int32 [B, T] or [0]
       .template Arg<AnyBuffer>()   // kv_segment_ids int32 [B, S] or [0]
       .template Arg<AnyBuffer>()   // bias float [Bb, Nb, Tb, Sb] (each dim 1 or full) or [0]
-      .template Arg<AnyBuffer>();  // mask bool [Bm, Nm, Tm, Sm] (each dim 1 or full) or [0]
+      .template Arg<AnyBuffer>()   // mask bool [Bm, Nm, Tm, Sm] (each dim 1 or full) or [0]
+      .template Arg<AnyBuffer>();  // dropout keys uint32 [B, N, 4] (see FlashFwdParams) or [0]
 }
 
 }  // namespace jax_flash

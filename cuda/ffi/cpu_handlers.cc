@@ -12,10 +12,10 @@ namespace {
 ffi::Error FwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer q_lens,
                   ffi::AnyBuffer kv_lens, FlashAttrs attrs, ffi::Result<ffi::AnyBuffer> o,
                   ffi::Result<ffi::AnyBuffer> lse, ffi::AnyBuffer q_seg, ffi::AnyBuffer kv_seg, ffi::AnyBuffer bias,
-                  ffi::AnyBuffer mask) {
+                  ffi::AnyBuffer mask, ffi::AnyBuffer dropout_keys) {
   FlashFwdParams p;
   if (auto e = fill_fwd_params(q, k, v, q_lens, kv_lens, attrs, &p); e.failure()) return e;
-  if (auto e = fill_extra_params(q_seg, kv_seg, bias, mask, &p); e.failure()) return e;
+  if (auto e = fill_extra_params(q_seg, kv_seg, bias, mask, dropout_keys, attrs, &p); e.failure()) return e;
   p.o = o->untyped_data();
   p.lse = static_cast<float*>(lse->untyped_data());
   cpu::flash_fwd(p);
@@ -26,11 +26,11 @@ ffi::Error BwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Any
                   ffi::AnyBuffer lse, ffi::AnyBuffer dout, ffi::AnyBuffer q_lens, ffi::AnyBuffer kv_lens,
                   FlashAttrs attrs, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                   ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dsum, ffi::AnyBuffer q_seg,
-                  ffi::AnyBuffer kv_seg, ffi::AnyBuffer bias, ffi::AnyBuffer mask,
+                  ffi::AnyBuffer kv_seg, ffi::AnyBuffer bias, ffi::AnyBuffer mask, ffi::AnyBuffer dropout_keys,
                   ffi::Result<ffi::AnyBuffer> dbias) {
   FlashBwdParams p;
   if (auto e = fill_bwd_params(q, k, v, o, lse, dout, q_lens, kv_lens, attrs, &p); e.failure()) return e;
-  if (auto e = fill_extra_params(q_seg, kv_seg, bias, mask, &p); e.failure()) return e;
+  if (auto e = fill_extra_params(q_seg, kv_seg, bias, mask, dropout_keys, attrs, &p); e.failure()) return e;
   if (auto e = fill_dbias_params(*dbias, &p); e.failure()) return e;
   p.dq = dq->untyped_data();
   p.dk = dk->untyped_data();

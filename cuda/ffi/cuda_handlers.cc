@@ -35,6 +35,14 @@ ffi::Error check_gpu_supported(const FlashFwdParams& p) {
   return ffi::Error::Success();
 }
 
+// Python refuses dropout on the GPU at lowering; this keeps a hand-built call from silently
+// running without it.
+ffi::Error check_no_dropout(const FlashAttrs& a) {
+  if (a.dropout_rate > 0.0)
+    return ffi::Error::InvalidArgument("jax_flash: dropout is not supported by the GPU kernels yet");
+  return ffi::Error::Success();
+}
+
 // True when the Hopper kernels should run (and were built).
 bool want_hopper(int32_t kernel) {
 #ifdef JAX_FLASH_WITH_SM90
@@ -62,6 +70,7 @@ ffi::Error FwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.o = o->untyped_data();
   p.lse = static_cast<float*>(lse->untyped_data());
   if (auto e = check_kernel_built(attrs.kernel); e.failure()) return e;
+  if (auto e = check_no_dropout(attrs); e.failure()) return e;
 #ifdef JAX_FLASH_WITH_SM90
   if (want_hopper(attrs.kernel)) {
     cudaError_t err = flash_fwd_sm90(p, stream);
@@ -89,6 +98,7 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.dq_semaphore = static_cast<int*>(dq_semaphore->untyped_data());
   p.dq_accum = static_cast<float*>(dq_accum->untyped_data());
   if (auto e = check_kernel_built(attrs.kernel); e.failure()) return e;
+  if (auto e = check_no_dropout(attrs); e.failure()) return e;
 #ifdef JAX_FLASH_WITH_SM90
   // The Hopper backward covers head dims that are multiples of 8 up to 256 except 129..192
   // (sm90::padded_head_dim); the others take the portable backward even under kernel='hopper'.

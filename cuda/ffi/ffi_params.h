@@ -6,6 +6,7 @@
 #include <string>
 
 #include "../common/flash_params.h"
+#include "../common/philox.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_flash {
@@ -22,6 +23,8 @@ struct FlashAttrs {
   bool bottom_right;   // add kv_len - q_len per batch to q_offset
   bool deterministic;  // backward: reproducible dQ accumulation (GPU)
   int32_t kernel;      // GPU kernel family: 0 auto, 1 portable (sm80), 2 hopper (sm90)
+  double dropout_rate;  // in [0, 1); > 0 iff the dropout keys operand is given (double: the
+                        // threshold round(rate * 2^32) is computed from Python's own value)
 };
 
 namespace ffi_detail {
@@ -146,6 +149,7 @@ inline ::xla::ffi::Error broadcast_strides(const ::xla::ffi::AnyBuffer& buf, con
 // The optional element-wise inputs (zero-size buffer = absent).
 inline ::xla::ffi::Error fill_extra_params(const ::xla::ffi::AnyBuffer& q_seg, const ::xla::ffi::AnyBuffer& kv_seg,
                                            const ::xla::ffi::AnyBuffer& bias, const ::xla::ffi::AnyBuffer& mask,
+                                           const ::xla::ffi::AnyBuffer& dropout_keys, const FlashAttrs& a,
                                            FlashFwdParams* p) {
   using ::xla::ffi::DataType;
   using ::xla::ffi::Error;
@@ -174,6 +178,21 @@ inline ::xla::ffi::Error fill_extra_params(const ::xla::ffi::AnyBuffer& q_seg, c
     p->mask = static_cast<const uint8_t*>(mask.untyped_data());
     p->mask_batch_stride = s[0], p->mask_head_stride = s[1], p->mask_row_stride = s[2], p->mask_col_stride = s[3];
   }
+  const bool rate_on = a.dropout_rate > 0.0;
+  if (rate_on != (dropout_keys.element_count() != 0) || !(a.dropout_rate < 1.0))
+    return Error::InvalidArgument("jax_flash: dropout_rate must be in [0, 1), and > 0 iff dropout keys are given");
+  if (rate_on) {
+    auto d = dropout_keys.dimensions();
+    if (dropout_keys.element_type() != DataType::U32 || d.size() != 3 || d[0] != p->batch || d[1] != p->heads_q ||
+        d[2] != 4)
+      return Error::InvalidArgument("jax_flash: dropout keys must be uint32 [B, N, 4]");
+    p->dropout_keys = static_cast<const uint32_t*>(dropout_keys.untyped_data());
+    p->dropout_batch_stride = int64_t(p->heads_q) * 4;
+    p->dropout_head_stride = 4;
+    p->dropout_rate = float(a.dropout_rate);
+    p->dropout_threshold = dropout_threshold(a.dropout_rate);
+    p->dropout_scale = float(1.0 / (1.0 - a.dropout_rate));
+  }
   return Error::Success();
 }
 
@@ -200,4 +219,5 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_flash::FlashAttrs,
                                       ::xla::ffi::StructMember<int64_t>("q_offset"),
                                       ::xla::ffi::StructMember<bool>("bottom_right"),
                                       ::xla::ffi::StructMember<bool>("deterministic"),
-                                      ::xla::ffi::StructMember<int32_t>("kernel"));
+                                      ::xla::ffi::StructMember<int32_t>("kernel"),
+                                      ::xla::ffi::StructMember<double>("dropout_rate"));
