@@ -155,7 +155,10 @@ def _fwd_local_lowering(ctx, *args, spec, platform):
     if platform == "cuda":
         _check_gpu_operands(ctx.avals_in[0])
         _check_gpu_extras(spec)
-        return jax.ffi.ffi_lowering(_ffi.FWD_TARGET)(ctx, *args, **spec.ffi_attrs())
+        # Workspace: the Hopper forward's tile counter (dynamic schedule of causal problems);
+        # an extra output of the call so XLA owns it, dropped here.
+        ctx = ctx.replace(avals_out=[*ctx.avals_out, jax.core.ShapedArray((1,), jnp.int32)])
+        return jax.ffi.ffi_lowering(_ffi.FWD_TARGET)(ctx, *args, **spec.ffi_attrs())[:2]
     ctx, args = _cpu_extras(ctx, 5, args, spec)
     return jax.ffi.ffi_lowering(_ffi.FWD_TARGET)(ctx, *args, **spec.ffi_attrs())
 

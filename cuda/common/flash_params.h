@@ -92,6 +92,11 @@ struct FlashFwdParams {
   uint32_t dropout_threshold = 0;  // round(rate * 2^32), see dropout_threshold()
   float dropout_scale = 1.f;       // 1 / (1 - rate)
 
+  // --- workspace, appended last: one int32 of device memory the sm90 forward may use as its
+  // tile counter (dynamic persistent schedule; zeroed by the launch on the stream). nullptr =
+  // static schedule only. ---
+  int32_t* tile_counter = nullptr;
+
   int64_t group() const { return heads_q / heads_kv; }
 };
 

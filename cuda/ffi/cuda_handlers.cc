@@ -63,12 +63,14 @@ ffi::Error check_kernel_built(int32_t kernel) {
 
 ffi::Error FwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                    ffi::AnyBuffer q_lens, ffi::AnyBuffer kv_lens, FlashAttrs attrs,
-                   ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse) {
+                   ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
+                   ffi::Result<ffi::AnyBuffer> tile_counter) {
   FlashFwdParams p;
   if (auto e = fill_fwd_params(q, k, v, q_lens, kv_lens, attrs, &p); e.failure()) return e;
   if (auto e = check_gpu_supported(p); e.failure()) return e;
   p.o = o->untyped_data();
   p.lse = static_cast<float*>(lse->untyped_data());
+  p.tile_counter = static_cast<int32_t*>(tile_counter->untyped_data());
   if (auto e = check_kernel_built(attrs.kernel); e.failure()) return e;
   if (auto e = check_no_dropout(attrs); e.failure()) return e;
 #ifdef JAX_FLASH_WITH_SM90
@@ -115,7 +117,8 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
 }  // namespace jax_flash
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashFwdCuda, jax_flash::FwdCuda,
-                              jax_flash::bind_fwd(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
+                              jax_flash::bind_fwd(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>())
+                                  .Ret<ffi::AnyBuffer>(),  // workspace: tile counter int32 [1]
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBwdCuda, jax_flash::BwdCuda,
                               jax_flash::bind_bwd(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>())

@@ -19,6 +19,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_c
 
   int const warp_group = __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0);
   int const warp_in_wg = __shfl_sync(0xffffffff, (int(threadIdx.x) / 32) % 4, 0);
+  bool const dynamic = kp.tile_counter != nullptr;
 
   if (threadIdx.x == 0) {
     ss.barrier_q.init(1);
@@ -39,18 +40,38 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_c
       bool const leader = cute::elect_one_sync();
       auto wr = cutlass::make_producer_start_state<typename T::Pipeline>();
       bool q_loaded = false;
-      for (int r = 0; r * int(gridDim.x) < kp.sched.num_tiles; ++r) {
-        int const tile = snake_tile(r);
-        if (tile >= kp.sched.num_tiles) continue;
-        TileCoord tc = get_tile(tile, kp.sched);
-        SeqMask msk = make_seq_mask(p, tc.b);
-        int n_min, n_max;
-        key_block_range<T::kBlockM, T::kBlockN>(msk, tc.m_block, n_min, n_max);
-        if (n_max <= n_min) continue;
-        if (q_loaded) q_empty_sync<T>();
-        q_loaded = true;
-        if (leader) producer_load<T>(kp, ss, pipe_k, pipe_v, wr, tc.m_block, tc.h, tc.b, n_min, n_max);
-        __syncwarp();
+      int tile = int(blockIdx.x);
+      for (int r = 0;; ++r) {
+        int next = 0;
+        if (dynamic) {
+          if (tile >= kp.sched.num_tiles) break;
+          // Fetch the next tile now; its latency hides under this tile's loads.
+          if (threadIdx.x == 0) next = atomicAdd(kp.tile_counter, 1) + int(gridDim.x);
+        } else {
+          if (r * int(gridDim.x) >= kp.sched.num_tiles) break;
+          tile = snake_tile(r);
+        }
+        if (tile < kp.sched.num_tiles) {
+          TileCoord tc = get_tile(tile, kp.sched);
+          SeqMask msk = make_seq_mask(p, tc.b);
+          int n_min, n_max;
+          key_block_range<T::kBlockM, T::kBlockN>(msk, tc.m_block, n_min, n_max);
+          if (n_max > n_min) {
+            if (q_loaded) q_empty_sync<T>();
+            q_loaded = true;
+            if (leader) producer_load<T>(kp, ss, pipe_k, pipe_v, wr, tc.m_block, tc.h, tc.b, n_min, n_max);
+            __syncwarp();
+          }
+        }
+        if (dynamic) {
+          // The consumers have read the previous hand-off before this one overwrites it.
+          if (r > 0) cutlass::arch::NamedBarrier::sync(T::kMmaThreads + 32, kBarTileEmpty);
+          asm volatile("" ::: "memory");
+          tile = __shfl_sync(0xffffffff, next, 0);
+          if (threadIdx.x == 0) *reinterpret_cast<int volatile*>(&ss.next_tile) = tile;
+          asm volatile("" ::: "memory");  // bar.* carry no memory clobber: keep the store before the arrive
+          cutlass::arch::NamedBarrier::arrive(T::kMmaThreads + 32, kBarTileFull);
+        }
       }
       // Keep the CTA alive until the consumers have released every stage.
       if (leader) {
@@ -68,9 +89,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_c
     typename T::PipelineState rd;
     int q_phase = 0;
     float const log2e = 1.44269504088896340736f;
-    for (int r = 0; r * int(gridDim.x) < kp.sched.num_tiles; ++r) {
-      int const tile = snake_tile(r);
-      if (tile >= kp.sched.num_tiles) continue;
+    int tile = int(blockIdx.x);
+    for (int r = 0;; ++r) {
+      if (dynamic) {
+        if (tile >= kp.sched.num_tiles) break;
+      } else {
+        if (r * int(gridDim.x) >= kp.sched.num_tiles) break;
+        tile = snake_tile(r);
+        if (tile >= kp.sched.num_tiles) continue;
+      }
       TileCoord tc = get_tile(tile, kp.sched);
       SeqMask msk = make_seq_mask(p, tc.b);
       int n_min, n_max;
@@ -90,6 +117,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_c
         lse[0] = lse[1] = -INFINITY;
       }
       store_o_lse<T>(p, tOrO, inv, lse, tc.m_block, tc.h, tc.b, tidx);
+      if (dynamic) {
+        cutlass::arch::NamedBarrier::sync(T::kMmaThreads + 32, kBarTileFull);
+        asm volatile("" ::: "memory");
+        tile = *reinterpret_cast<int volatile*>(&ss.next_tile);
+        asm volatile("" ::: "memory");
+        // The last hand-off (no tile) has no producer waiting for it.
+        if (tile < kp.sched.num_tiles) cutlass::arch::NamedBarrier::arrive(T::kMmaThreads + 32, kBarTileEmpty);
+      }
     }
   }
 }

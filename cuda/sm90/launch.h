@@ -21,9 +21,13 @@ struct TileConfig;
 // with 8, NOTES.md v16).
 // PolyEvery: every PolyEvery-th exp2 of a row on the FMA pipe (exp2_fma), 0 = all on the MUFU
 // (4: H=64 +3-5% at S >= 4k; H=128 -2%, NOTES.md v17).
-template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, SoftmaxChains = 8, PolyEvery = 4; };
-template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, SoftmaxChains = 1, PolyEvery = 0; };
-template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, SoftmaxChains = 8, PolyEvery = 0; };
+// DynamicCausalMaxS: causal / right-bounded problems with at most this many keys run the
+// dynamic persistent schedule when the caller gives a tile counter (scheduler.h), taking
+// precedence over PersistentCausalMaxS. Measured (NOTES.md v18): H=128 S=1k +6%, H=64 S=4k +3%;
+// longer sequences lose 1-13% against one CTA per tile (H=256 everywhere).
+template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 4096, SoftmaxChains = 8, PolyEvery = 4; };
+template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 2048, SoftmaxChains = 1, PolyEvery = 0; };
+template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 0, SoftmaxChains = 8, PolyEvery = 0; };
 
 template <class Traits, bool Softcap>
 cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
@@ -55,12 +59,21 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   // Persistent (one CTA per SM, static snake order) hides per-tile prologue/epilogue, which
   // matters when tiles are short. Causal tiles vary a lot in length: there the hardware's
   // dynamic CTA dispatch (one CTA per tile, longest first) balances better (NOTES.md v2, v13).
-  bool const persistent = !longest_first || p.seqlen_k <= TileConfig<T::kHeadDim>::PersistentCausalMaxS;
-  // Longest-first in chunks of heads only for the dynamic launch: the static snake order
-  // balances only a globally sorted tile list (chunked, S=1k causal lost 6-20%, NOTES.md v11).
+  // With a tile counter (p.tile_counter), short causal problems run persistent with the dynamic
+  // schedule (scheduler.h): the balance of dynamic dispatch and the overlap of persistence.
+  bool const dynamic = longest_first && p.tile_counter != nullptr &&
+                       p.seqlen_k <= TileConfig<T::kHeadDim>::DynamicCausalMaxS;
+  bool const persistent = dynamic || !longest_first || p.seqlen_k <= TileConfig<T::kHeadDim>::PersistentCausalMaxS;
+  // Longest-first in chunks of heads only when tiles are taken in index order: the static snake
+  // order balances only a globally sorted tile list (chunked, S=1k causal lost 6-20%, NOTES.md v11).
   int const num_bh = p.heads_q * p.batch;
-  kp.sched = {m_blocks, num_bh, p.heads_q, persistent ? num_bh : heads_per_l2_chunk(kv_bytes), int(tiles),
+  kp.sched = {m_blocks, num_bh, p.heads_q, persistent && !dynamic ? num_bh : heads_per_l2_chunk(kv_bytes), int(tiles),
               longest_first ? TileOrder::kLastBlockLongest : TileOrder::kByHead};
+  kp.tile_counter = dynamic ? p.tile_counter : nullptr;
+  if (dynamic) {
+    err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream);
+    if (err != cudaSuccess) return err;
+  }
   int grid = int(persistent && tiles > sms ? sms : tiles);
   auto kernel = &flash_fwd_kernel<T, Softcap>;
   constexpr int smem = T::kSmemBytes;

@@ -65,6 +65,14 @@ __forceinline__ __device__ int snake_tile(int r) {
   return r * g + ((r & 1) ? g - 1 - i : i);
 }
 
+// Dynamic persistent schedule (forward): grid = min(#SMs, tiles), CTA i starts with tile i, and
+// each CTA's producer takes its next tile from a global counter (zeroed before the launch) while
+// it loads the current one, then hands it to the consumers through smem (named barriers
+// kBarTileFull / kBarTileEmpty). Tiles come off the counter in index order (longest first under
+// causal masks), so the balance is that of the hardware's CTA dispatch, and the persistent
+// CTA still overlaps a tile's epilogue with the next tile's loads.
+constexpr int kBarTileFull = 6, kBarTileEmpty = 7;
+
 // Key blocks [n_min, n_max) that rows [m0, m0 + kBlockM) can see (empty when n_max <= n_min).
 template <int kBlockM, int kBlockN>
 __forceinline__ __device__ void key_block_range(SeqMask const& m, int m_block, int& n_min, int& n_max) {

@@ -74,6 +74,7 @@ struct FwdTraits {
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
     alignas(16) typename Pipeline::SharedStorage pipe_k;
     alignas(16) typename Pipeline::SharedStorage pipe_v;
+    int next_tile;  // dynamic schedule: producer -> consumers hand-off (scheduler.h)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 };
@@ -90,6 +91,7 @@ struct KernelParams {
   float softcap_mult;  // scale / softcap (tanh argument multiplier), softcap variant only
   TileSchedule sched;  // (query block, q head, batch) tiles
   uint32_t* timeline;  // diagnostic builds only (timeline.h), else nullptr
+  int* tile_counter;   // dynamic persistent schedule (scheduler.h), else nullptr: static snake
 };
 
 }  // namespace jax_flash::sm90

@@ -35,6 +35,10 @@ struct Case {
   bool packed = false;  // q,k,v slices of one [B,T,3,N,H] tensor (T == S, Nq == Nkv)
 };
 
+// The forward's tile-counter workspace (dynamic schedule of causal problems); nullptr with
+// --static-schedule, which keeps the static / one-CTA-per-tile launches for comparison.
+static int32_t* g_tile_counter = nullptr;
+
 static bool run_case(const Case& c, uint64_t seed) {
   const bool bf = c.bf16;
   FlashFwdParams p;
@@ -94,6 +98,7 @@ static bool run_case(const Case& c, uint64_t seed) {
   if (!c.kv_lens.empty()) { CK(cudaMalloc(&dkl, c.B * 4)); CK(cudaMemcpy(dkl, c.kv_lens.data(), c.B * 4, cudaMemcpyHostToDevice)); }
   p.q = dq; p.k = dk; p.v = dv; p.o = dout; p.lse = dlse; p.q_lens = dql; p.kv_lens = dkl;
 
+  p.tile_counter = g_tile_counter;
   cudaError_t err = flash_fwd_sm90(p, 0);
   if (err == cudaSuccess) err = cudaDeviceSynchronize();
   std::vector<uint16_t> ho(nq);
@@ -198,6 +203,7 @@ static double bench(int H, int S, bool causal, int reps) {
   p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(S) * N * H;
   p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = int64_t(N) * H;
   p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = H;
+  p.tile_counter = g_tile_counter;
   double ms = median_ms([&] { return flash_fwd_sm90(p, 0); }, 3, reps, S <= 1024 ? 10 : 3);
   double flops = 4.0 * B * N * double(S) * S * H / (causal ? 2 : 1);
   cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o); cudaFree(lse);
@@ -233,8 +239,10 @@ int main(int argc, char** argv) {
   bool do_test = true, do_bench = true;
   std::vector<int> hdims = {128, 64, 256};
   int only_s = 0, only_causal = -1;  // bench filters (one cell for ncu)
+  bool static_schedule = false;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--no-bench")) do_bench = false;
+    if (!strcmp(argv[i], "--static-schedule")) static_schedule = true;
     if (!strcmp(argv[i], "--no-test")) do_test = false;
     if (!strncmp(argv[i], "--h=", 4)) hdims = {atoi(argv[i] + 4)};
     if (!strncmp(argv[i], "--s=", 4)) only_s = atoi(argv[i] + 4);
@@ -246,6 +254,7 @@ int main(int argc, char** argv) {
     }
 #endif
   }
+  if (!static_schedule) CK(cudaMalloc(&g_tile_counter, sizeof(int32_t)));
   int fails = 0, total = 0;
   if (do_test) {
     for (int H : hdims) {
