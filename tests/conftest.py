@@ -75,3 +75,13 @@ def assert_flash_rule(name, ours, naive, ref, dtype):
     e_ours, e_naive = max_err(ours, ref), max_err(naive, ref)
     bound = 2 * e_naive + ABS_SLACK[jnp.dtype(dtype)]
     assert e_ours <= bound, f"{name}: error {e_ours:.3e} > 2 x naive {e_naive:.3e} + slack"
+
+
+def assert_vmap_matches_loop(fn, args, in_axes, n=3):
+    """jit(vmap(fn)) over the first n examples equals fn called on each example (unmapped
+    arguments, in_axes None, are passed as their first example to both)."""
+    args = [a if ax is not None else a[0] for a, ax in zip(args, in_axes)]
+    got = jax.jit(jax.vmap(fn, in_axes=in_axes))(*args)
+    for j in range(n):
+        sl = [a[j] if ax is not None else a for a, ax in zip(args, in_axes)]
+        np.testing.assert_allclose(got[j], fn(*sl), rtol=1e-5, atol=1e-6)

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_flash
 from jax_flash import reference
-from conftest import assert_flash_rule, max_err, random_qkv
+from conftest import assert_flash_rule, assert_vmap_matches_loop, max_err, random_qkv
 
 F32 = jnp.float32
 
@@ -299,12 +299,7 @@ def _core_args(seed, V=3, T=19, S=23, H=8):
     (0, 0, 0, None),  # shared key, batch fold
 ], ids=["all", "q_only_keys", "q_only_shared_key", "shared_key"])
 def test_vmap_matches_loop(in_axes):
-    args = _core_args(20)
-    args = [a if ax is not None else a[0] for a, ax in zip(args, in_axes)]
-    got = jax.jit(jax.vmap(core, in_axes=in_axes))(*args)
-    for j in range(3):
-        sl = [a[j] if ax is not None else a for a, ax in zip(args, in_axes)]
-        np.testing.assert_allclose(got[j], core(*sl), rtol=1e-5, atol=1e-6)
+    assert_vmap_matches_loop(core, _core_args(20), in_axes)
 
 
 def test_vmapped_keys_give_each_example_its_own_mask():

@@ -14,7 +14,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_flash
 from jax_flash import reference
-from conftest import assert_flash_rule, max_err, random_qkv
+from conftest import assert_flash_rule, assert_vmap_matches_loop, max_err, random_qkv
 
 F32 = jnp.float32
 
@@ -268,12 +268,7 @@ def _args(seed, T=19, S=19, H=8, V=3):
     (0, 0, 0, None, None, 0, None),  # per-example bias
 ], ids=["all", "shared_extras", "q_only", "bias_only"])
 def test_vmap_matches_loop(in_axes):
-    args = _args(30)
-    args = [a if ax is not None else a[0] for a, ax in zip(args, in_axes)]
-    got = jax.jit(jax.vmap(core, in_axes=in_axes))(*args)
-    for j in range(3):
-        sl = [a[j] if ax is not None else a for a, ax in zip(args, in_axes)]
-        np.testing.assert_allclose(got[j], core(*sl), rtol=1e-5, atol=1e-6)
+    assert_vmap_matches_loop(core, _args(30), in_axes)
 
 
 def test_vmap_over_heads_axis_of_dot_product_attention():
