@@ -20,12 +20,12 @@ struct TileConfig;
 // SoftmaxChains: independent max / sum chains per row (8: H=64 +1-3%, H=256 +1-3%; H=128 -2%
 // with 8, NOTES.md v16).
 // PolyEvery: every PolyEvery-th exp2 of a row on the FMA pipe (exp2_fma), 0 = all on the MUFU
-// (4: H=64 +3-5% at S >= 4k; H=128 -2%, NOTES.md v17).
+// (H=64: 1 in 8 +4-6% at S >= 4k, 1 in 4 +3-4%, 1 in 2 -5%; H=128 -2% with 1 in 4, NOTES.md v17).
 // DynamicCausalMaxS: causal / right-bounded problems with at most this many keys run the
 // dynamic persistent schedule when the caller gives a tile counter (scheduler.h), taking
 // precedence over PersistentCausalMaxS. Measured (NOTES.md v18): H=128 S=1k +6%, H=64 S=4k +3%;
 // longer sequences lose 1-13% against one CTA per tile (H=256 everywhere).
-template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 4096, SoftmaxChains = 8, PolyEvery = 4; };
+template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 4096, SoftmaxChains = 8, PolyEvery = 8; };
 template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 2048, SoftmaxChains = 1, PolyEvery = 0; };
 template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 0, SoftmaxChains = 8, PolyEvery = 0; };
 
