@@ -135,11 +135,7 @@ void flash_bwd(const FlashBwdParams& p) {
   const int64_t T = p.seqlen_q;
   // dbias is a float32 sum: start from zero (only the bias's own, broadcast shape).
   const bool separate_dbias = p.dbias && dbias_shared_across_kv_heads(p);
-  if (p.dbias) {
-    const int64_t n = (p.dbias_batch_stride ? p.batch : 1) * (p.dbias_head_stride ? p.heads_q : 1) *
-                      (p.dbias_row_stride ? p.seqlen_q : 1) * (p.dbias_col_stride ? p.seqlen_k : 1);
-    std::fill(p.dbias, p.dbias + n, 0.f);
-  }
+  if (p.dbias) std::fill(p.dbias, p.dbias + dbias_elements(p), 0.f);
 
   parallel_for(int64_t(p.batch) * p.heads_kv, [&](int64_t task) {
     const int b = int(task / p.heads_kv);
