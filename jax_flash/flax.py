@@ -16,8 +16,8 @@
   on, so it goes to Flax). On a GPU, inputs the kernels do not take there (float32, head dims
   over 256) run Flax's attention directly, as they did before masks took the kernels;
 - a `bias` or active dropout: Flax's own attention, `flax.linen.dot_product_attention`,
-  unchanged, with a `JaxFlashFallbackWarning` (once per trace). (The CPU kernels take a bias,
-  the GPU kernels not yet; this adapter does not route biases to the kernels.)
+  unchanged, with a `JaxFlashFallbackWarning` (once per trace). (`jax_flash.dot_product_attention`
+  takes a bias on the CPU and the GPU; this adapter does not route Flax biases to it yet.)
 Asking for the attention weights (`module` set, i.e. `sow_weights=True`) is an error: the
 kernels never form them. A causal mask passed as a mask is not a key prefix and so takes
 Flax's attention: pass `is_causal` (or use `causal_attention`) instead.
