@@ -92,11 +92,24 @@ struct ElemMask {
   const uint8_t* mask = nullptr;    // this (batch, head)'s mask; (i, j) at i * row_stride + j * col_stride
   int64_t mask_row_stride = 0, mask_col_stride = 0;
 
+  // The rules of one query row i, hoisted out of a loop over keys.
+  struct Row {
+    int32_t seg;              // q_seg[i] (when q_seg is set)
+    const int32_t* kv_seg;    // nullptr = no segment ids
+    const uint8_t* mask;      // row i of the mask, or nullptr
+    int64_t mask_col_stride;
+    JF_HOST_DEVICE bool visible(int64_t j) const {
+      if (kv_seg && seg != kv_seg[j]) return false;
+      return !mask || mask[j * mask_col_stride] != 0;
+    }
+  };
+
   JF_HOST_DEVICE bool active() const { return q_seg != nullptr || mask != nullptr; }
-  JF_HOST_DEVICE bool visible(int64_t i, int64_t j) const {
-    if (q_seg && q_seg[i] != kv_seg[j]) return false;
-    return !mask || mask[i * mask_row_stride + j * mask_col_stride] != 0;
+  JF_HOST_DEVICE Row row(int64_t i) const {
+    return Row{q_seg ? q_seg[i] : 0, q_seg ? kv_seg : nullptr, mask ? mask + i * mask_row_stride : nullptr,
+               mask_col_stride};
   }
+  JF_HOST_DEVICE bool visible(int64_t i, int64_t j) const { return row(i).visible(j); }
 };
 
 JF_HOST_DEVICE ElemMask make_elem_mask(const FlashFwdParams& p, int b, int h) {

@@ -45,8 +45,9 @@ struct HeadLogits {
       }
     }
     if (kind == TileKind::kFull) return;
+    const ElemMask::Row er = elem.row(i);
     for (int j = 0; j < nk; ++j)
-      if (!seq.visible(i, k0 + j) || !elem.visible(i, k0 + j)) s[j] = kNegInf;
+      if (!seq.visible(i, k0 + j) || !er.visible(k0 + j)) s[j] = kNegInf;
   }
 };
 

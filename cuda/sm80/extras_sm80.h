@@ -11,6 +11,7 @@
 #pragma once
 
 #include <climits>
+#include <type_traits>
 
 #include "../common/mask.h"
 #include "softmax_sm80.h"
@@ -48,28 +49,64 @@ __device__ __forceinline__ void apply_mask_elem(T& rc, C const& crc, SeqMask con
     const int64_t r = row0 + get<0>(crc(mi, 0));
     int lo, hi;
     row_interval(mask, r, col0, lo, hi);
+    const ElemMask::Row row = elem.row(r < mask.q_len ? r : 0);  // rows past q_len: lo = hi = 0
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(rc); ++ni) {
       const int c = get<1>(crc(0, ni));
-      if (c < lo || c >= hi || !elem.visible(r, int64_t(col0) + c)) rc(mi, ni) = -INFINITY;
+      if (c < lo || c >= hi || !row.visible(int64_t(col0) + c)) rc(mi, ni) = -INFINITY;
     }
   }
 }
 
+// Bias elements of one dtype: float32 or 16-bit words widened with common/dtype.h.
+template <DType kDt>
+using BiasStorage = std::conditional_t<kDt == DType::kFloat32, float, uint16_t>;
+template <DType kDt>
+__device__ __forceinline__ float widen(BiasStorage<kDt> x) {
+  if constexpr (kDt == DType::kFloat32) return x;
+  else if constexpr (kDt == DType::kBFloat16) return bf16_to_float(x);
+  else return fp16_to_float(x);
+}
+
+// The bias at tile origin (row0, col0) of (b, h) (BiasView: the broadcast strides, shared with
+// the CPU), as the dtype's storage. Tile element (r, c) is at r * row_stride + c * col_stride;
+// col_stride is 1 or 0 (broadcast over keys), so a row pointer plus the column addresses the
+// element without 64-bit index math per element (registers are scarce in these kernels).
+template <DType kDt>
+__device__ __forceinline__ const BiasStorage<kDt>* bias_tile(BiasView const& bias, int row0, int col0) {
+  return static_cast<const BiasStorage<kDt>*>(bias.ptr) + int64_t(row0) * bias.row_stride +
+         int64_t(col0) * bias.col_stride;
+}
+
 // Forward: logits s (units of scale_nat: raw q.k, or tanh(...) under softcap) -> natural-log
-// logits plus the bias. Elements past the sequence ends read no bias (they are masked anyway).
-template <typename T, typename C>
-__device__ __forceinline__ void add_bias(T& rc, C const& crc, BiasView const& bias, int row0, int col0, int rows,
-                                         int cols, float scale_nat) {
+// logits plus the bias. Elements past the sequence ends (rows >= rows, cols >= cols of the
+// tile) read no bias: they are masked anyway.
+template <DType kDt, typename T, typename C>
+__device__ __forceinline__ void add_bias_t(T& rc, C const& crc, BiasView const& bias, int row0, int col0, int rows,
+                                           int cols, float scale_nat) {
+  const BiasStorage<kDt>* base = bias_tile<kDt>(bias, row0, col0);
+  const bool per_key = bias.col_stride != 0;
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(rc); ++mi) {
     const int r = get<0>(crc(mi, 0));
+    const BiasStorage<kDt>* row = base + int64_t(r < rows ? r : 0) * bias.row_stride;
+    const float row_bias = (!per_key && r < rows) ? widen<kDt>(row[0]) : 0.f;
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(rc); ++ni) {
       const int c = get<1>(crc(0, ni));
-      const float bv = (r < rows && c < cols) ? bias.at(row0 + r, col0 + c) : 0.f;
+      const float bv = per_key ? ((r < rows && c < cols) ? widen<kDt>(row[c]) : 0.f) : row_bias;
       rc(mi, ni) = fmaf(rc(mi, ni), scale_nat, bv);
     }
+  }
+}
+
+template <typename T, typename C>
+__device__ __forceinline__ void add_bias(T& rc, C const& crc, BiasView const& bias, int row0, int col0, int rows,
+                                         int cols, float scale_nat) {
+  switch (bias.dtype) {
+    case DType::kFloat32: add_bias_t<DType::kFloat32>(rc, crc, bias, row0, col0, rows, cols, scale_nat); break;
+    case DType::kBFloat16: add_bias_t<DType::kBFloat16>(rc, crc, bias, row0, col0, rows, cols, scale_nat); break;
+    default: add_bias_t<DType::kFloat16>(rc, crc, bias, row0, col0, rows, cols, scale_nat); break;
   }
 }
 
@@ -99,10 +136,13 @@ struct DbiasTile {
     for (int i = 0; i < kCols; ++i) cols_acc[i] = 0.f;
   }
 
-  // (mi, ni): register coordinates; r, c: sequence row / key (may be past the ends: ds is 0 there).
-  __device__ __forceinline__ void add(int mi, int ni, int64_t r, int64_t c, bool in_bounds, float ds) {
+  // dbias row r (a sequence row < seqlen_q) from key 0; kElem mode only (then col_stride is 1).
+  __device__ __forceinline__ float* row_ptr(int64_t r) const { return base + r * row_stride; }
+  // (mi, ni): register coordinates; row: row_ptr of the element's row, c: its key (may be past
+  // the ends, !in_bounds: ds is 0 there and nothing is written).
+  __device__ __forceinline__ void add(int mi, int ni, float* row, int64_t c, bool in_bounds, float ds) {
     if (mode == kElem) {
-      if (in_bounds) atomicAdd(base + r * row_stride + c * col_stride, ds);
+      if (in_bounds) atomicAdd(row + c, ds);
     } else if (mode == kOverRows) {
       cols_acc[ni] += ds;
     } else {
@@ -147,6 +187,62 @@ struct DbiasTile {
     }
   }
 };
+
+// Backward, with a bias: P = exp2(t * scale_log2 + bias * log2(e) - lse_l2) and dS = P (dP - D)
+// of one tile in place (s_rc: t -> P, dp_rc: dP -> dS), dS before the softcap chain rule added
+// into dbias. The dtype is a template parameter (dispatched once per tile).
+template <DType kDt, int kRows, int kCols, typename TS, typename TP, typename C>
+__device__ __forceinline__ void bias_probs_grads_t(TS& s_rc, TP& dp_rc, C const& crc, BiasView const& bias,
+                                                   DbiasTile<kRows, kCols>& dbias, int row0, int col0, int rows, int cols,
+                                                   float scale_log2, const float* lse_l2, const float* dsum_r,
+                                                   bool softcap_on) {
+  const BiasStorage<kDt>* base = bias_tile<kDt>(bias, row0, col0);
+  const bool per_key = bias.col_stride != 0;
+  CUTE_UNROLL
+  for (int mi = 0; mi < kRows; ++mi) {
+    const int r = get<0>(crc(mi, 0));
+    const int rr = r < rows ? r : 0;
+    const BiasStorage<kDt>* row = base + int64_t(rr) * bias.row_stride;
+    float* drow = dbias.base && dbias.mode == dbias.kElem ? dbias.row_ptr(int64_t(row0) + rr) + col0 : nullptr;
+    const float row_bias = (!per_key && r < rows) ? widen<kDt>(row[0]) * kLog2e : 0.f;
+    CUTE_UNROLL
+    for (int ni = 0; ni < kCols; ++ni) {
+      const int c = get<1>(crc(0, ni));
+      const bool in_bounds = r < rows && c < cols;
+      const float bias_l2 = per_key ? (in_bounds ? widen<kDt>(row[c]) * kLog2e : 0.f) : row_bias;
+      const float t = s_rc(mi, ni);
+      float pv = fast_exp2(fmaf(t, scale_log2, bias_l2 - lse_l2[mi]));
+      pv = t == -INFINITY ? 0.f : pv;
+      float ds = pv * (dp_rc(mi, ni) - dsum_r[mi]);
+      if (dbias.base) dbias.add(mi, ni, drow, c, in_bounds, ds);
+      if (softcap_on) ds = t == -INFINITY ? 0.f : ds * (1.f - t * t);
+      s_rc(mi, ni) = pv;
+      dp_rc(mi, ni) = ds;
+    }
+  }
+  if (dbias.base) dbias.flush(crc, row0, col0, rows, cols);
+}
+
+template <int kRows, int kCols, typename TS, typename TP, typename C>
+__device__ __forceinline__ void bias_probs_grads(TS& s_rc, TP& dp_rc, C const& crc, BiasView const& bias,
+                                                 DbiasTile<kRows, kCols>& dbias, int row0, int col0, int rows, int cols,
+                                                 float scale_log2, const float* lse_l2, const float* dsum_r,
+                                                 bool softcap_on) {
+  switch (bias.dtype) {
+    case DType::kFloat32:
+      bias_probs_grads_t<DType::kFloat32>(s_rc, dp_rc, crc, bias, dbias, row0, col0, rows, cols, scale_log2, lse_l2,
+                                          dsum_r, softcap_on);
+      break;
+    case DType::kBFloat16:
+      bias_probs_grads_t<DType::kBFloat16>(s_rc, dp_rc, crc, bias, dbias, row0, col0, rows, cols, scale_log2, lse_l2,
+                                           dsum_r, softcap_on);
+      break;
+    default:
+      bias_probs_grads_t<DType::kFloat16>(s_rc, dp_rc, crc, bias, dbias, row0, col0, rows, cols, scale_log2, lse_l2,
+                                          dsum_r, softcap_on);
+      break;
+  }
+}
 
 }  // namespace sm80
 }  // namespace jax_flash

@@ -62,8 +62,7 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   const int n_blocks = (p.seqlen_k + Kt::kBlockN - 1) / Kt::kBlockN;
   err = cudaSuccess;
   if (n_blocks > 0) {
-    JF_BOOL_SWITCH(p.softcap > 0.f, kSoftcap, [&] {
-      auto kernel = &flash_bwd_dkdv_kernel<Kt, kSoftcap>;
+    auto launch = [&](auto kernel) {
       err = set_smem(kernel, Kt::kSmemSize);
       if (err != cudaSuccess) return;
       if (p.deterministic) {
@@ -74,7 +73,12 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
       } else {
         kernel<<<dim3(n_blocks, p.heads_kv, p.batch), Kt::kNThreads, Kt::kSmemSize, stream>>>(p, 0, acc_rows, acc_cols);
       }
-    });
+    };
+    if (p.q_segment_ids || p.bias || p.mask) {
+      launch(&flash_bwd_dkdv_kernel<Kt, false, true>);  // softcap tested at runtime
+    } else {
+      JF_BOOL_SWITCH(p.softcap > 0.f, kSoftcap, [&] { launch(&flash_bwd_dkdv_kernel<Kt, kSoftcap, false>); });
+    }
     if (err != cudaSuccess) return err;
   }
   if (rows_total > 0) {
