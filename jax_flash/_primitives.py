@@ -16,8 +16,8 @@ Operand layouts (what the kernels read):
                  iff spec.dropout_rate > 0. Folds like q's batch and heads under vmap, so every
                  folded example keeps its own key and coordinates.
   The backward returns a fourth output, dbias float32 with the bias's shape, iff bias is given.
-  Only the CPU kernels take the optional operands; on the GPU the lowering raises
-  NotImplementedError naming them.
+  The CPU kernels and the portable (sm80) GPU kernels take the optional operands; on the GPU a
+  call with any of them runs the portable kernels also on Hopper (kernel="hopper" is an error).
 """
 
 from __future__ import annotations
@@ -117,26 +117,41 @@ def _check_gpu_operands(q_aval):
         raise ValueError(f"jax_flash on the GPU supports head dims up to 256, got {q_aval.shape[-1]}")
 
 
-def _check_gpu_extras(spec):
-    if spec.extras:
-        names = " / ".join(n for n in EXTRAS if n in spec.extras and n != "kv_segment_ids")
-        if "dropout" in spec.extras:  # jax.nn's attention has no dropout: nothing to fall back to
-            instead = ("jax.nn's attention has no dropout, so there is no XLA fallback for it: run "
-                       "this call on the CPU backend, or pass dropout_rate=0.0 on the GPU.")
-        else:
-            instead = ("On a GPU, jax_flash.dot_product_attention with implementation=None falls back "
-                       "to jax.nn's XLA attention for these arguments; or use implementation='xla'.")
+def _check_gpu_extras(spec, avals_in, n_fixed, backward):
+    """The optional operands run on the portable (sm80) GPU kernels only; a dbias summed over a
+    broadcast axis uses float atomics there, which deterministic=True cannot promise. Dropout has
+    no GPU kernel yet."""
+    if not spec.extras:
+        return
+    if "dropout" in spec.extras:  # jax.nn's attention has no dropout: nothing to fall back to
         raise NotImplementedError(
-            f"jax_flash: {names} is not supported by the GPU kernels yet (the CPU backend has it). {instead}")
+            "jax_flash: dropout is not supported by the GPU kernels yet (the CPU backend has it). "
+            "jax.nn's attention has no dropout, so there is no XLA fallback for it: run this call on "
+            "the CPU backend, or pass dropout_rate=0.0 on the GPU.")
+    if spec.kernel == "hopper":
+        names = ", ".join(n for n in EXTRAS if n in spec.extras and n != "kv_segment_ids")
+        raise ValueError(
+            f"jax_flash: kernel='hopper' does not take {names} (only the portable GPU kernels do); "
+            "use kernel='auto' (which picks the portable kernels for these calls) or 'portable'")
+    if backward and spec.deterministic and "bias" in spec.extras:
+        B, T, N, _ = avals_in[0].shape
+        full = (B, N, T, avals_in[1].shape[1])
+        bias = avals_in[n_fixed + spec.extras.index("bias")]
+        if any(d == 1 and f > 1 for d, f in zip(bias.shape, full)):
+            raise ValueError(
+                f"jax_flash: deterministic=True is not supported on the GPU with a bias broadcast to "
+                f"[B, N, T, S] = {full} from {tuple(bias.shape)}: its gradient is summed over the broadcast "
+                "axes with float atomics. Pass a full-size bias (jnp.broadcast_to) or deterministic=False.")
 
 
 _ABSENT_DTYPES = {"q_segment_ids": np.int32, "kv_segment_ids": np.int32, "bias": np.float32, "mask": np.bool_,
                   "dropout": np.uint32}
 
 
-def _cpu_extras(ctx, n_fixed, args, spec):
-    """The CPU custom call takes every optional operand: absent ones become zero-size constants
-    (made here, inside the lowering, so they never cross a sharding or residual boundary)."""
+def _with_all_extras(ctx, n_fixed, args, spec):
+    """Both platforms' custom calls take every optional operand: absent ones become zero-size
+    constants (made here, inside the lowering, so they never cross a sharding or residual
+    boundary)."""
     fixed, given = list(args[:n_fixed]), dict(zip(spec.extras, args[n_fixed:]))
     avals = list(ctx.avals_in[:n_fixed])
     given_avals = dict(zip(spec.extras, ctx.avals_in[n_fixed:]))
@@ -154,12 +169,13 @@ def _cpu_extras(ctx, n_fixed, args, spec):
 def _fwd_local_lowering(ctx, *args, spec, platform):
     if platform == "cuda":
         _check_gpu_operands(ctx.avals_in[0])
-        _check_gpu_extras(spec)
+        _check_gpu_extras(spec, ctx.avals_in, 5, backward=False)
+    ctx, args = _with_all_extras(ctx, 5, args, spec)
+    if platform == "cuda":
         # Workspace: the Hopper forward's tile counter (dynamic schedule of causal problems);
         # an extra output of the call so XLA owns it, dropped here.
         ctx = ctx.replace(avals_out=[*ctx.avals_out, jax.core.ShapedArray((1,), jnp.int32)])
         return jax.ffi.ffi_lowering(_ffi.FWD_TARGET)(ctx, *args, **spec.ffi_attrs())[:2]
-    ctx, args = _cpu_extras(ctx, 5, args, spec)
     return jax.ffi.ffi_lowering(_ffi.FWD_TARGET)(ctx, *args, **spec.ffi_attrs())
 
 
@@ -193,7 +209,7 @@ def _bwd_local_lowering(ctx, *args, spec, platform):
     q_aval = ctx.avals_in[0]
     if platform == "cuda":
         _check_gpu_operands(q_aval)
-        _check_gpu_extras(spec)
+        _check_gpu_extras(spec, ctx.avals_in, 8, backward=True)
     B, T, N, H = q_aval.shape
     acc_shape = _dq_accum_shape(B, N, T, H)
     stats = jax.core.ShapedArray(acc_shape[:3], jnp.float32)
@@ -205,17 +221,12 @@ def _bwd_local_lowering(ctx, *args, spec, platform):
             jax.core.ShapedArray(acc_shape, jnp.float32),  # dQ accumulator
         ]
     outs = list(ctx.avals_out)
-    if platform == "cpu":
-        # The CPU call's last result is dbias, zero-size without a bias.
-        ctx, args = _cpu_extras(ctx, 8, args, spec)
-        dbias = outs[3:] or [jax.core.ShapedArray((0,), jnp.float32)]
-        ctx = ctx.replace(avals_out=[*outs[:3], *workspaces, *dbias])
-        results = jax.ffi.ffi_lowering(_ffi.BWD_TARGET)(ctx, *args, **spec.ffi_attrs())
-        results = list(results)
-        return results[:3] + results[4:] if len(outs) > 3 else results[:3]
-    ctx = ctx.replace(avals_out=[*outs, *workspaces])
-    results = jax.ffi.ffi_lowering(_ffi.BWD_TARGET)(ctx, *args, **spec.ffi_attrs())
-    return results[:3]
+    # The call's last result is dbias, zero-size without a bias (both platforms).
+    ctx, args = _with_all_extras(ctx, 8, args, spec)
+    dbias = outs[3:] or [jax.core.ShapedArray((0,), jnp.float32)]
+    ctx = ctx.replace(avals_out=[*outs[:3], *workspaces, *dbias])
+    results = list(jax.ffi.ffi_lowering(_ffi.BWD_TARGET)(ctx, *args, **spec.ffi_attrs()))
+    return results[:3] + results[-1:] if len(outs) > 3 else results[:3]
 
 
 # Multi-device lowering. The public primitives lower through a custom_partitioning call

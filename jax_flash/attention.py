@@ -5,7 +5,6 @@ the forward and backward primitives on [B, L, N, H] operands."""
 from __future__ import annotations
 
 import math
-import warnings
 from functools import partial
 
 import jax
@@ -16,8 +15,8 @@ from ._primitives import KERNELS, MaskSpec, flash_bwd, flash_fwd
 
 
 class JaxFlashFallbackWarning(UserWarning):
-    """An argument the GPU kernels do not take yet made this call run XLA's attention (jax.nn's
-    or Flax's) instead of jax_flash's kernels."""
+    """An argument the GPU kernels do not take made this call run XLA's attention (Flax's, in
+    jax_flash.flax) instead of jax_flash's kernels."""
 
 
 def _lens_operand(lens):
@@ -152,12 +151,15 @@ def flash_attention(
         query sits at the last key: KV-cache decoding and chunked prefill).
       q_segment_ids, kv_segment_ids: integer arrays of shape q.shape[:-2] + (T,) and
         k.shape[:-2] + (S,), given together (packed sequences): key j is visible to query i
-        only if their ids are equal, on top of every other rule. CPU backend only for now.
+        only if their ids are equal, on top of every other rule.
       bias: float array broadcastable to q.shape[:-2] + (T, S), added to the logits after
-        scale and softcap, before masking (differentiable). CPU backend only for now.
-      mask: bool array broadcastable to q.shape[:-2] + (T, S); True = may attend. CPU only.
+        scale and softcap, before masking (differentiable).
+      mask: bool array broadcastable to q.shape[:-2] + (T, S); True = may attend.
         bias and mask are read tile by tile through broadcast strides, never expanded,
         except a bias/mask broadcast over some leading dims but not all (expanded over them).
+        On a GPU, calls with segment ids, bias or mask run the portable (sm80) kernels, also
+        on Hopper (kernel="hopper" is an error). Their dbias over a broadcast axis is summed
+        with float atomics, so deterministic=True with such a bias is an error on the GPU.
       dropout_rate: attention dropout (a static Python float in [0, 1)): each element of the
         softmax is dropped with this probability and kept ones are scaled by 1 / (1 - rate);
         lse stays that of the undropped softmax. 0 (default) is exactly no dropout. CPU only.
@@ -169,7 +171,8 @@ def flash_attention(
       return_lse: also return the float32 logsumexp [..., T] (natural log; -inf on rows
         with no visible key). It is not differentiable (like jax.nn's residual).
       deterministic: GPU backward with the same bits run to run (dQ partial sums are added
-        in a fixed order; about 30-40% slower on Hopper). The CPU backend always is.
+        in a fixed order; about 30-40% slower on Hopper). The CPU backend always is. Not
+        available on the GPU with a bias broadcast over some axis (see bias).
       kernel: "auto", "portable" (sm80 path) or "hopper" (sm90 path); ignored on CPU. The
         Hopper kernels take head dims that are multiples of 8 up to 256, zero-padded to 64,
         128 or 256 (the backward of head dims 129-192 runs the portable kernel); other head
@@ -179,9 +182,8 @@ def flash_attention(
     vmap over any axis of any subset of q/k/v folds into the kernel's batch or head
     dimension; vmapping q alone shares k/v without broadcasting them (GQA-style).
 
-    On a GPU, segment ids, bias, mask and dropout raise NotImplementedError when the call is
-    lowered (the GPU kernels do not take them yet); `dot_product_attention` falls back to XLA
-    there, except for dropout.
+    On a GPU, segment ids, bias and mask run in the portable kernels (see above); dropout
+    raises NotImplementedError when the call is lowered (no GPU kernel yet).
     """
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -299,13 +301,12 @@ def dot_product_attention(
     key_value_seq_length of 0, or a fully masked row) gives output 0 and lse -inf where XLA
     averages V; lse is float32 rather than the input dtype.
 
-    Where it runs: bias, mask and segment ids run in the CPU kernels; the GPU kernels do not
-    take them yet, so with implementation=None a call lowered for a GPU runs
-    jax.nn.dot_product_attention(implementation="xla") instead (segment ids become a mask;
-    the choice is made per platform when the call is lowered, with a JaxFlashFallbackWarning
-    at trace time when the default backend is not the CPU). With softcap or dropout as well
-    there is no XLA equivalent, and the GPU lowering raises NotImplementedError, as it does
-    for an explicit implementation="jax_flash" / "portable" / "hopper".
+    Where it runs: bias, mask and segment ids run in jax_flash's kernels on both platforms:
+    the CPU kernels, and on a GPU the portable (sm80) kernels, also on Hopper (the Hopper
+    kernels do not take them: implementation="hopper" with them is an error). The bias is
+    read through its broadcast strides (never expanded); its gradient over broadcast axes is
+    summed with float atomics on the GPU. Dropout runs in the CPU kernels only: the GPU
+    lowering raises NotImplementedError (jax.nn has no dropout, so there is no XLA fallback).
 
     implementation: None or "jax_flash" (auto kernel choice), "portable" / "hopper"
     (force a GPU kernel family), or "xla" / "cudnn" to call jax.nn's own implementations
@@ -378,34 +379,8 @@ def dot_product_attention(
         "mask": None if mask is None else V.check_broadcastable("mask", mask, full, "[B, N, T, S]"),
         "dropout": _dropout_keys(dropout_rng, B, N, broadcast_dropout) if dropout_rate else None,
     }
-
-    def kernels(query, key, value, q_lens, kv_lens, extras):
-        out, lse = _call(query, key, value, q_lens, kv_lens, spec, extras)
-        return out, jnp.swapaxes(lse, -1, -2)  # [B, N, T] -> [B, T, N]
-
-    used = [n for n, x in zip(("bias", "mask", "segment ids"), (bias, mask, q_seg)) if x is not None]
-    # No XLA fallback with dropout (jax.nn has none): the kernels, whose GPU lowering raises.
-    if used and implementation is None and softcap is None and not dropout_rate:
-        # The GPU kernels do not take these yet: chosen per platform at lowering, so the same
-        # jitted function runs the kernels on the CPU and XLA's attention on a GPU.
-        if jax.default_backend() != "cpu":
-            warnings.warn(
-                f"jax_flash.dot_product_attention: {', '.join(used)} not supported by the GPU kernels "
-                "yet; on the GPU this call runs jax.nn.dot_product_attention(implementation='xla') "
-                "(materialises the attention matrix; rows that see no key average V)",
-                JaxFlashFallbackWarning, stacklevel=2)
-
-        def xla(query, key, value, q_lens, kv_lens, extras):
-            m = _segment_mask(extras["mask"], extras["q_segment_ids"], extras["kv_segment_ids"])
-            out, lse = jax.nn.dot_product_attention(
-                query, key, value, extras["bias"], m, scale=spec.scale, is_causal=is_causal,
-                query_seq_lengths=q_lens, key_value_seq_lengths=kv_lens,
-                local_window_size=local_window_size, implementation="xla", return_residual=True)
-            return out.astype(query.dtype), lse.astype(jnp.float32)
-
-        out, lse = jax.lax.platform_dependent(query, key, value, q_lens, kv_lens, extras, cpu=kernels, default=xla)
-    else:
-        out, lse = kernels(query, key, value, q_lens, kv_lens, extras)
+    out, lse = _call(query, key, value, q_lens, kv_lens, spec, extras)
+    lse = jnp.swapaxes(lse, -1, -2)  # [B, N, T] -> [B, T, N]
     if unbatched:
         out, lse = out[0], lse[0]
     if return_residual:

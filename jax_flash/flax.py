@@ -17,7 +17,9 @@
   over 256) run Flax's attention directly, as they did before masks took the kernels;
 - a `bias` (added to the scaled logits, as Flax does) and active dropout (`dropout_rate > 0`
   and not `deterministic`) run in the CPU kernels, with either of the above. The GPU kernels
-  take neither yet: a call lowered for a GPU runs `flax.linen.dot_product_attention` unchanged
+  have no dropout yet (they take a bias, through `jax_flash.dot_product_attention`, but this
+  adapter does not route Flax biases to them yet): a call lowered for a GPU runs
+  `flax.linen.dot_product_attention` unchanged
   (chosen per platform at lowering, with a `JaxFlashFallbackWarning` at trace time when the
   default backend is not the CPU). The kernels' dropout draws its mask from jax_flash's own
   counter-based RNG keyed by `dropout_rng` (see `jax_flash.dot_product_attention`), not from

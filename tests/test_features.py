@@ -402,32 +402,68 @@ def _cuda_custom_calls(fn, *args):
     return re.findall(r"custom_call @(\w+)", exp.mlir_module())
 
 
-@pytest.mark.parametrize("feature", ["q_segment_ids", "bias", "mask"])
-def test_core_on_gpu_raises_naming_the_argument(feature):
+_GPU_KW = {
+    "q_segment_ids": dict(q_segment_ids=IDS8.repeat(2, 1), kv_segment_ids=IDS8.repeat(2, 1)),
+    "bias": dict(bias=jnp.zeros((16, 16))),
+    "mask": dict(mask=jnp.ones((16, 16), bool)),
+}
+
+
+@pytest.mark.parametrize("feature", list(_GPU_KW))
+def test_core_on_gpu_lowers_to_the_kernels(feature):
+    """Segment ids, bias and mask lower to the CUDA kernels (forward and backward), with the
+    optional operands passed like on the CPU."""
     q = jnp.zeros((2, 16, 16), jnp.bfloat16)
-    kw = {"q_segment_ids": dict(q_segment_ids=IDS8.repeat(2, 1), kv_segment_ids=IDS8.repeat(2, 1)),
-          "bias": dict(bias=jnp.zeros((16, 16))), "mask": dict(mask=jnp.ones((16, 16), bool))}[feature]
-    with pytest.raises(NotImplementedError, match=f"{feature} is not supported by the GPU kernels yet"):
-        _cuda_custom_calls(lambda q: jax_flash.flash_attention(q, q, q, **kw), q)
-    # Without the feature the same call lowers to the GPU kernels.
-    assert _cuda_custom_calls(lambda q: jax_flash.flash_attention(q, q, q), q) == ["jax_flash_fwd"]
+    kw = _GPU_KW[feature]
+    f = lambda q: jax_flash.flash_attention(q, q, q, **kw)
+    assert _cuda_custom_calls(f, q) == ["jax_flash_fwd"]
+    assert _cuda_custom_calls(jax.grad(lambda q: jnp.sum(f(q).astype(F32))), q) == ["jax_flash_fwd", "jax_flash_bwd"]
+    if feature == "bias":  # dbias comes back from the CUDA backward too
+        g = lambda q, b: jnp.sum(jax_flash.flash_attention(q, q, q, bias=b).astype(F32))
+        calls = _cuda_custom_calls(jax.grad(g, argnums=(0, 1)), q, kw["bias"])
+        assert calls == ["jax_flash_fwd", "jax_flash_bwd"]
 
 
-def test_dropin_on_gpu_falls_back_to_xla(monkeypatch):
+@pytest.mark.parametrize("feature", list(_GPU_KW))
+def test_gpu_hopper_kernel_with_extras_is_an_error(feature):
+    q = jnp.zeros((2, 16, 16), jnp.bfloat16)
+    with pytest.raises(ValueError, match=f"kernel='hopper' does not take {feature}"):
+        _cuda_custom_calls(lambda q: jax_flash.flash_attention(q, q, q, kernel="hopper", **_GPU_KW[feature]), q)
+    # The CPU ignores `kernel`.
+    jax_flash.flash_attention(q, q, q, kernel="hopper", **_GPU_KW[feature])
+
+
+def test_gpu_deterministic_with_broadcast_bias_is_an_error():
+    q = jnp.zeros((2, 16, 16), jnp.bfloat16)
+    g = lambda q, b: jnp.sum(jax_flash.flash_attention(q, q, q, bias=b, deterministic=True).astype(F32))
+    grad = jax.grad(g, argnums=(0, 1))
+    with pytest.raises(ValueError, match="deterministic=True is not supported on the GPU with a bias broadcast"):
+        _cuda_custom_calls(grad, q, jnp.zeros((16, 16)))  # [1, 1, T, S] over batch 2
+    # A full-size bias (one dS per dbias element) stays deterministic; the forward alone is fine.
+    assert _cuda_custom_calls(grad, q, jnp.zeros((2, 16, 16))) == ["jax_flash_fwd", "jax_flash_bwd"]
+    f = lambda q, b: jax_flash.flash_attention(q, q, q, bias=b, deterministic=True)
+    assert _cuda_custom_calls(f, q, jnp.zeros((16, 16))) == ["jax_flash_fwd"]
+    # The CPU backend is deterministic for every bias shape.
+    grad(q.astype(F32), jnp.zeros((16, 16)))
+
+
+def test_dropin_on_gpu_runs_the_kernels(monkeypatch):
+    import warnings
+
     q, k, v = (x.astype(jnp.bfloat16) for x in _qkv())
     bias, ids = jnp.zeros((1, 4, 8, 8), F32), IDS8
-    f = lambda q, k, v, b: jax_flash.dot_product_attention(q, k, v, b, query_segment_ids=ids, key_value_segment_ids=ids)
+    mask = jnp.ones((2, 1, 8, 8), bool)
+    f = lambda q, k, v, b: jax_flash.dot_product_attention(q, k, v, b, mask, query_segment_ids=ids,
+                                                           key_value_segment_ids=ids, softcap=5.0)
     loss = lambda *a: jnp.sum(f(*a).astype(F32))
-    # Lowered for the GPU: XLA's attention, forward and backward; no jax_flash custom call.
-    assert _cuda_custom_calls(f, q, k, v, bias) == []
-    assert _cuda_custom_calls(jax.grad(loss, argnums=(0, 3)), q, k, v, bias) == []
-    # softcap has no XLA equivalent: the kernels' GPU error instead of a silent change.
-    with pytest.raises(NotImplementedError, match="bias is not supported by the GPU kernels"):
-        _cuda_custom_calls(lambda *a: jax_flash.dot_product_attention(*a, softcap=5.0), q, k, v, bias)
-    # On a GPU default backend the fallback is announced; the CPU still runs the kernels.
+    # Lowered for the GPU: jax_flash's kernels, forward and backward (also with softcap).
+    assert _cuda_custom_calls(f, q, k, v, bias) == ["jax_flash_fwd"]
+    assert _cuda_custom_calls(jax.grad(loss, argnums=(0, 3)), q, k, v, bias) == ["jax_flash_fwd", "jax_flash_bwd"]
+    # No fallback, so no warning on a GPU default backend either; the CPU runs the kernels.
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    with pytest.warns(jax_flash.JaxFlashFallbackWarning, match="bias, segment ids not supported by the GPU"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jax_flash.JaxFlashFallbackWarning)
         out = f(q, k, v, bias)
-    np.testing.assert_allclose(np.asarray(out, F32), np.asarray(
-        reference.attention(q, k, v, q_segment_ids=ids, kv_segment_ids=ids, bias=bias, compute_dtype=F32)[0]),
-        atol=2e-2)
+    want = reference.attention(q, k, v, q_segment_ids=ids, kv_segment_ids=ids, bias=bias, mask=mask, softcap=5.0,
+                               compute_dtype=F32)[0]
+    np.testing.assert_allclose(np.asarray(out, F32), np.asarray(want), atol=2e-2)

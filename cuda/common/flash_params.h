@@ -63,8 +63,9 @@ struct FlashFwdParams {
   int64_t q_offset = 0;   // position of query row 0 relative to key row 0
   bool bottom_right = false;  // add (kv_len_b - q_len_b) to q_offset per batch (KV-cache alignment)
 
-  // --- optional element-wise inputs, appended last; nullptr = off. The sm80/sm90 kernels do
-  // not read them yet (Python refuses them on the GPU), so their behaviour is unchanged. ---
+  // --- optional element-wise inputs, appended last; nullptr = off. Read by the CPU backend and
+  // the sm80 kernels (their kExtras variants); the sm90 kernels do not take them (the CUDA
+  // handlers route calls that have any of them to sm80). ---
   // Packed sequences: key j is visible to query i only if their segment ids are equal.
   const int32_t* q_segment_ids = nullptr;   // [batch, seqlen_q]
   const int32_t* kv_segment_ids = nullptr;  // [batch, seqlen_k]; set iff q_segment_ids is

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "dtype.h"
 #include "flash_params.h"
 
 namespace jax_flash {
@@ -91,11 +92,24 @@ struct ElemMask {
   const uint8_t* mask = nullptr;    // this (batch, head)'s mask; (i, j) at i * row_stride + j * col_stride
   int64_t mask_row_stride = 0, mask_col_stride = 0;
 
+  // The rules of one query row i, hoisted out of a loop over keys.
+  struct Row {
+    int32_t seg;              // q_seg[i] (when q_seg is set)
+    const int32_t* kv_seg;    // nullptr = no segment ids
+    const uint8_t* mask;      // row i of the mask, or nullptr
+    int64_t mask_col_stride;
+    JF_HOST_DEVICE bool visible(int64_t j) const {
+      if (kv_seg && seg != kv_seg[j]) return false;
+      return !mask || mask[j * mask_col_stride] != 0;
+    }
+  };
+
   JF_HOST_DEVICE bool active() const { return q_seg != nullptr || mask != nullptr; }
-  JF_HOST_DEVICE bool visible(int64_t i, int64_t j) const {
-    if (q_seg && q_seg[i] != kv_seg[j]) return false;
-    return !mask || mask[i * mask_row_stride + j * mask_col_stride] != 0;
+  JF_HOST_DEVICE Row row(int64_t i) const {
+    return Row{q_seg ? q_seg[i] : 0, q_seg ? kv_seg : nullptr, mask ? mask + i * mask_row_stride : nullptr,
+               mask_col_stride};
   }
+  JF_HOST_DEVICE bool visible(int64_t i, int64_t j) const { return row(i).visible(j); }
 };
 
 JF_HOST_DEVICE ElemMask make_elem_mask(const FlashFwdParams& p, int b, int h) {
@@ -126,20 +140,30 @@ JF_HOST_DEVICE void segment_range(const int32_t* ids, int64_t begin, int64_t end
 // How a (rows x keys) tile relates to the mask, so kernels can skip it or drop per-element tests.
 enum class TileKind { kSkip, kFull, kPartial };
 
-// interval_full: SeqMask::tile_full of the tile. Segment ids: disjoint id ranges share no
-// segment (skip); one id on both sides means every pair matches. Packed sequences have sorted
-// ids, so most off-diagonal tiles are skipped.
-JF_HOST_DEVICE TileKind classify_tile(const ElemMask& e, bool interval_full, int64_t r0, int64_t r1, int64_t k0,
-                                      int64_t k1) {
-  bool full = interval_full && e.mask == nullptr;
-  if (e.q_seg) {
-    int32_t qlo, qhi, klo, khi;
-    segment_range(e.q_seg, r0, r1, &qlo, &qhi);
-    segment_range(e.kv_seg, k0, k1, &klo, &khi);
+// The decision of classify_tile from the segment-id ranges of the tile's rows [qlo, qhi] and
+// keys [klo, khi] (ignored without segment ids). Disjoint id ranges share no segment (skip);
+// one id on both sides means every pair matches. Packed sequences have sorted ids, so most
+// off-diagonal tiles are skipped. A boolean mask is never "full" (no tile is skipped for it).
+JF_HOST_DEVICE TileKind classify_ranges(bool interval_full, bool has_mask, bool has_seg, int32_t qlo, int32_t qhi,
+                                        int32_t klo, int32_t khi) {
+  bool full = interval_full && !has_mask;
+  if (has_seg) {
     if (qhi < klo || khi < qlo) return TileKind::kSkip;
     full = full && qlo == qhi && klo == khi;
   }
   return full ? TileKind::kFull : TileKind::kPartial;
+}
+
+// interval_full: SeqMask::tile_full of the tile (rows [r0, r1), keys [k0, k1)). GPU kernels
+// compute the id ranges warp-cooperatively and call classify_ranges directly.
+JF_HOST_DEVICE TileKind classify_tile(const ElemMask& e, bool interval_full, int64_t r0, int64_t r1, int64_t k0,
+                                      int64_t k1) {
+  int32_t qlo = 0, qhi = 0, klo = 0, khi = 0;
+  if (e.q_seg) {
+    segment_range(e.q_seg, r0, r1, &qlo, &qhi);
+    segment_range(e.kv_seg, k0, k1, &klo, &khi);
+  }
+  return classify_ranges(interval_full, e.mask != nullptr, e.q_seg != nullptr, qlo, qhi, klo, khi);
 }
 
 // Where (batch b, head h)'s bias / dbias rows start; broadcast axes have stride 0.
@@ -150,11 +174,46 @@ JF_HOST_DEVICE int64_t dbias_offset(const FlashBwdParams& p, int b, int h) {
   return b * p.dbias_batch_stride + h * p.dbias_head_stride;
 }
 
+// The bias of one (batch, head): element (i, j) through the broadcast strides (never expanded).
+struct BiasView {
+  const void* ptr = nullptr;  // at (b, h); nullptr = no bias
+  DType dtype = DType::kFloat32;
+  int64_t row_stride = 0, col_stride = 0;
+  JF_HOST_DEVICE float at(int64_t i, int64_t j) const {
+    return load_float(ptr, dtype, i * row_stride + j * col_stride);
+  }
+};
+JF_HOST_DEVICE BiasView make_bias_view(const FlashFwdParams& p, int b, int h) {
+  BiasView v;
+  if (p.bias) {
+    v.ptr = static_cast<const char*>(p.bias) +
+            bias_offset(p, b, h) * (p.bias_dtype == DType::kFloat32 ? 4 : 2);
+    v.dtype = p.bias_dtype;
+    v.row_stride = p.bias_row_stride;
+    v.col_stride = p.bias_col_stride;
+  }
+  return v;
+}
+
+// Elements of the (broadcast-shaped) float32 dbias buffer: what is zeroed before the sum.
+JF_HOST_DEVICE int64_t dbias_elements(const FlashBwdParams& p) {
+  return (p.dbias_batch_stride ? int64_t(p.batch) : 1) * (p.dbias_head_stride ? int64_t(p.heads_q) : 1) *
+         (p.dbias_row_stride ? int64_t(p.seqlen_q) : 1) * (p.dbias_col_stride ? int64_t(p.seqlen_k) : 1);
+}
+
 // True when two (batch, kv head) work items of a backward that owns one kv head per item
 // would add into the same dbias element (the bias is broadcast across them), so dbias must be
 // reduced in a separate pass rather than written by the item that computes dS.
 JF_HOST_DEVICE bool dbias_shared_across_kv_heads(const FlashBwdParams& p) {
   return (p.dbias_batch_stride == 0 && p.batch > 1) || (p.dbias_head_stride == 0 && p.heads_kv > 1);
+}
+
+// True when some dbias element sums dS over more than one (batch, head, row, key): the bias is
+// broadcast over an axis of size > 1. The GPU backward then adds into dbias with float atomics
+// in no fixed order, so it refuses deterministic=True for such biases.
+JF_HOST_DEVICE bool dbias_is_reduced(const FlashBwdParams& p) {
+  return (p.dbias_batch_stride == 0 && p.batch > 1) || (p.dbias_head_stride == 0 && p.heads_q > 1) ||
+         (p.dbias_row_stride == 0 && p.seqlen_q > 1) || (p.dbias_col_stride == 0 && p.seqlen_k > 1);
 }
 
 // Logit transform applied before masking. Returns the logit in natural-log units.

@@ -1,21 +1,16 @@
 // Element conversions for the CPU backend: bf16/fp16 are stored as raw 16-bit words and
-// widened to float32 for all arithmetic (the GPU kernels use cuda_bf16.h / cuda_fp16.h).
+// widened to float32 for all arithmetic (the widening conversions live in common/dtype.h,
+// shared with the GPU kernels' bias loads; the narrowing ones are CPU-only).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
+#include "../common/dtype.h"
 #include "../common/flash_params.h"
 
 namespace jax_flash::cpu {
-
-inline float bf16_to_float(uint16_t h) {
-  uint32_t bits = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 inline uint16_t float_to_bf16(float f) {
   uint32_t bits;
@@ -23,29 +18,6 @@ inline uint16_t float_to_bf16(float f) {
   if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);  // quiet NaN
   bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
   return uint16_t(bits >> 16);
-}
-
-inline float fp16_to_float(uint16_t h) {
-  uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t man = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {  // subnormal: renormalise
-      int e = -1;
-      do { man <<= 1; ++e; } while ((man & 0x400u) == 0);
-      bits = sign | uint32_t(127 - 15 - e) << 23 | (man & 0x3ffu) << 13;
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | man << 13;
-  } else {
-    bits = sign | (exp + 127 - 15) << 23 | man << 13;
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
 }
 
 inline uint16_t float_to_fp16(float f) {

@@ -108,7 +108,7 @@ struct DbiasExtents {
         heads(p.dbias_head_stride ? p.heads_q : 1),
         rows(p.dbias_row_stride ? p.seqlen_q : 1),
         cols(p.dbias_col_stride ? p.seqlen_k : 1) {}
-  int64_t size() const { return int64_t(batch) * heads * rows * cols; }
+  int64_t size() const { return int64_t(batch) * heads * rows * cols; }  // == dbias_elements(p)
 };
 
 // The separate dbias pass (see the top of the file). A task owns dbias slice (bb, nb) and

@@ -15,20 +15,14 @@ struct HeadLogits {
   float scale, softcap;
   SeqMask seq;
   ElemMask elem;
-  const void* bias;  // nullptr = no bias
-  DType bias_dtype;
-  int64_t bias_off, bias_row_stride, bias_col_stride;
+  BiasView bias;  // bias.ptr == nullptr: no bias
 
   HeadLogits(const FlashFwdParams& p, int b, int h)
       : scale(p.scale),
         softcap(p.softcap),
         seq(make_seq_mask(p, b)),
         elem(make_elem_mask(p, b, h)),
-        bias(p.bias),
-        bias_dtype(p.bias_dtype),
-        bias_off(p.bias ? bias_offset(p, b, h) : 0),
-        bias_row_stride(p.bias_row_stride),
-        bias_col_stride(p.bias_col_stride) {}
+        bias(make_bias_view(p, b, h)) {}
 
   TileKind classify(int64_t r0, int64_t r1, int64_t k0, int64_t k1) const {
     return classify_tile(elem, seq.tile_full(r0, r1, k0, k1), r0, r1, k0, k1);
@@ -46,20 +40,19 @@ struct HeadLogits {
     } else {
       for (int j = 0; j < nk; ++j) s[j] *= scale;
     }
-    if (bias) {
-      const int64_t off = bias_off + i * bias_row_stride + k0 * bias_col_stride;
-      if (bias_col_stride == 1) {
-        load_row(bias, bias_dtype, off, nk, bias_buf);
+    if (bias.ptr) {
+      if (bias.col_stride == 1) {
+        load_row(bias.ptr, bias.dtype, i * bias.row_stride + k0, nk, bias_buf);
         for (int j = 0; j < nk; ++j) s[j] += bias_buf[j];
       } else {  // broadcast over keys (stride 0)
-        float one;
-        load_row(bias, bias_dtype, off, 1, &one);
+        const float one = bias.at(i, k0);
         for (int j = 0; j < nk; ++j) s[j] += one;
       }
     }
     if (kind == TileKind::kFull) return;
+    const ElemMask::Row er = elem.row(i);
     for (int j = 0; j < nk; ++j)
-      if (!seq.visible(i, k0 + j) || !elem.visible(i, k0 + j)) s[j] = kNegInf;
+      if (!seq.visible(i, k0 + j) || !er.visible(k0 + j)) s[j] = kNegInf;
   }
 };
 

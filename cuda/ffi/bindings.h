@@ -44,9 +44,9 @@ auto bind_bwd(Binding b) {
       .template Ret<AnyBuffer>();  // workspace: dsum float32 [B, N, rows] (rows = dq_accum_rows(T))
 }
 
-// The optional element-wise inputs, bound after everything above (the CPU handlers take them;
-// the CUDA handlers do not yet, and Python refuses these features on the GPU). Absent ones
-// arrive as zero-size buffers.
+// The optional element-wise inputs, bound after everything above (and after the CUDA backward's
+// extra workspaces); both platforms' handlers take them, and both backwards then return dbias
+// last. Absent ones arrive as zero-size buffers.
 template <typename Binding>
 auto bind_extras(Binding b) {
   using ::xla::ffi::AnyBuffer;

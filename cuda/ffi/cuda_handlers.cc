@@ -1,10 +1,13 @@
 // XLA FFI handlers of the CUDA backend: decode, fill params, pick a kernel family, launch
 // on XLA's stream. No synchronisation and no allocation (workspaces are extra FFI
 // outputs), so the handlers are marked CUDA-graph compatible.
+// The optional inputs (segment ids, bias, mask) and dbias are implemented by the portable
+// sm80 kernels only: a call that has any of them runs those, also on Hopper.
 #include <cuda_runtime.h>
 
 #include <string>
 
+#include "../common/mask.h"
 #include "../sm80/flash_sm80.h"
 #ifdef JAX_FLASH_WITH_SM90
 #include "../sm90/flash_bwd_sm90.h"
@@ -61,20 +64,35 @@ ffi::Error check_kernel_built(int32_t kernel) {
   return ffi::Error::Success();
 }
 
+bool has_extras(const FlashFwdParams& p) { return p.q_segment_ids || p.bias || p.mask; }
+
+// The Hopper kernels do not read the optional inputs: kernel='hopper' with them is an error
+// (Python raises it first, at lowering); kernel='auto' runs the portable kernels instead.
+ffi::Error check_extras_kernel(const FlashFwdParams& p, int32_t kernel) {
+  if (has_extras(p) && kernel == kHopper)
+    return ffi::Error::InvalidArgument(
+        "jax_flash: kernel='hopper' does not take segment ids, bias or mask (only the portable sm80 kernels "
+        "do); use kernel='auto' or 'portable'");
+  return ffi::Error::Success();
+}
+
 ffi::Error FwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                    ffi::AnyBuffer q_lens, ffi::AnyBuffer kv_lens, FlashAttrs attrs,
-                   ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
+                   ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse, ffi::AnyBuffer q_seg,
+                   ffi::AnyBuffer kv_seg, ffi::AnyBuffer bias, ffi::AnyBuffer mask, ffi::AnyBuffer dropout_keys,
                    ffi::Result<ffi::AnyBuffer> tile_counter) {
   FlashFwdParams p;
   if (auto e = fill_fwd_params(q, k, v, q_lens, kv_lens, attrs, &p); e.failure()) return e;
+  if (auto e = fill_extra_params(q_seg, kv_seg, bias, mask, dropout_keys, attrs, &p); e.failure()) return e;
   if (auto e = check_gpu_supported(p); e.failure()) return e;
   p.o = o->untyped_data();
   p.lse = static_cast<float*>(lse->untyped_data());
   p.tile_counter = static_cast<int32_t*>(tile_counter->untyped_data());
   if (auto e = check_kernel_built(attrs.kernel); e.failure()) return e;
   if (auto e = check_no_dropout(attrs); e.failure()) return e;
+  if (auto e = check_extras_kernel(p, attrs.kernel); e.failure()) return e;
 #ifdef JAX_FLASH_WITH_SM90
-  if (want_hopper(attrs.kernel)) {
+  if (want_hopper(attrs.kernel) && !has_extras(p)) {
     cudaError_t err = flash_fwd_sm90(p, stream);
     if (err != cudaErrorNotSupported || attrs.kernel == kHopper) return to_ffi(err, "flash_fwd_sm90");
     cudaGetLastError();  // clear the not-supported status before falling back
@@ -88,10 +106,20 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
                    ffi::AnyBuffer kv_lens, FlashAttrs attrs, ffi::Result<ffi::AnyBuffer> dq,
                    ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                    ffi::Result<ffi::AnyBuffer> dsum, ffi::Result<ffi::AnyBuffer> lse_log2,
-                   ffi::Result<ffi::AnyBuffer> dq_semaphore, ffi::Result<ffi::AnyBuffer> dq_accum) {
+                   ffi::Result<ffi::AnyBuffer> dq_semaphore, ffi::Result<ffi::AnyBuffer> dq_accum,
+                   ffi::AnyBuffer q_seg, ffi::AnyBuffer kv_seg, ffi::AnyBuffer bias, ffi::AnyBuffer mask,
+                   ffi::AnyBuffer dropout_keys, ffi::Result<ffi::AnyBuffer> dbias) {
   FlashBwdParams p;
   if (auto e = fill_bwd_params(q, k, v, o, lse, dout, q_lens, kv_lens, attrs, &p); e.failure()) return e;
+  if (auto e = fill_extra_params(q_seg, kv_seg, bias, mask, dropout_keys, attrs, &p); e.failure()) return e;
+  if (auto e = fill_dbias_params(*dbias, &p); e.failure()) return e;
   if (auto e = check_gpu_supported(p); e.failure()) return e;
+  // dbias over a broadcast axis is summed with float atomics (flash_bwd_kernel_sm80.h): refuse
+  // deterministic=True there rather than return run-to-run different bits.
+  if (p.dbias && p.deterministic && dbias_is_reduced(p))
+    return ffi::Error::InvalidArgument(
+        "jax_flash: deterministic=True is not supported with a bias broadcast over batch, heads, queries or keys "
+        "(its gradient is summed with float atomics on the GPU); pass a full-size bias or deterministic=False");
   p.dq = dq->untyped_data();
   p.dk = dk->untyped_data();
   p.dv = dv->untyped_data();
@@ -101,10 +129,11 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.dq_accum = static_cast<float*>(dq_accum->untyped_data());
   if (auto e = check_kernel_built(attrs.kernel); e.failure()) return e;
   if (auto e = check_no_dropout(attrs); e.failure()) return e;
+  if (auto e = check_extras_kernel(p, attrs.kernel); e.failure()) return e;
 #ifdef JAX_FLASH_WITH_SM90
   // The Hopper backward covers head dims that are multiples of 8 up to 256 except 129..192
   // (sm90::padded_head_dim); the others take the portable backward even under kernel='hopper'.
-  if (want_hopper(attrs.kernel)) {
+  if (want_hopper(attrs.kernel) && !has_extras(p)) {
     cudaError_t err = flash_bwd_sm90(p, stream);
     if (err != cudaErrorNotSupported) return to_ffi(err, "flash_bwd_sm90");
     cudaGetLastError();  // clear the not-supported status before falling back
@@ -117,12 +146,15 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
 }  // namespace jax_flash
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashFwdCuda, jax_flash::FwdCuda,
-                              jax_flash::bind_fwd(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>())
+                              jax_flash::bind_extras(
+                                  jax_flash::bind_fwd(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()))
                                   .Ret<ffi::AnyBuffer>(),  // workspace: tile counter int32 [1]
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBwdCuda, jax_flash::BwdCuda,
-                              jax_flash::bind_bwd(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>())
-                                  .Ret<ffi::AnyBuffer>()   // workspace: lse_log2 float32 [B, N, rows]
-                                  .Ret<ffi::AnyBuffer>()   // workspace: dq_semaphore int32 [B, N, rows / 64]
-                                  .Ret<ffi::AnyBuffer>(),  // workspace: dq_accum float32 [B, N, rows, cols]
+                              jax_flash::bind_extras(
+                                  jax_flash::bind_bwd(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>())
+                                      .Ret<ffi::AnyBuffer>()   // workspace: lse_log2 float32 [B, N, rows]
+                                      .Ret<ffi::AnyBuffer>()   // workspace: dq_semaphore int32 [B, N, rows / 64]
+                                      .Ret<ffi::AnyBuffer>())  // workspace: dq_accum float32 [B, N, rows, cols]
+                                  .Ret<ffi::AnyBuffer>(),      // dbias float32, bias's shape, or [0]
                               {ffi::Traits::kCmdBufferCompatible});

@@ -5,10 +5,16 @@
 //      dK/dV in registers (so GQA sums need no extra workspace), and adds each block's dQ
 //      contribution into the fp32 dq_accum workspace.
 //   3. flash_bwd_convert_dq_kernel: dq = scale * dq_accum in the input dtype.
+// Optional inputs (extras_sm80.h), as in the forward, in the kExtras instantiation only (it
+// tests softcap at runtime; runtime-flagged extras code made ptxas spill in the default
+// hdim-128 kernel): segment ids skip tiles of disjoint segments, the boolean mask is applied
+// element-wise, the bias enters P = exp(logit + bias - lse), and dS (before the softcap chain
+// rule) is summed into the float32 dbias (zeroed by the launcher) over the bias's broadcast axes.
 #pragma once
 
 #include "../common/flash_params.h"
 #include "../common/mask.h"
+#include "extras_sm80.h"
 #include "kernel_traits_sm80.h"
 #include "softmax_sm80.h"
 #include "utils_sm80.h"
@@ -81,9 +87,10 @@ __device__ __forceinline__ void load_q_do_tile(const FlashBwdParams& p, const Se
   copy_pred(gcopy, tdOgdO, ddOs, tQcQ, mask.q_len - m * kBlockM, p.head_dim);
 }
 
-template <typename Kt, bool kSoftcap>
+template <typename Kt, bool kSoftcap, bool kExtras>
 __global__ void __launch_bounds__(Kt::kNThreads) flash_bwd_dkdv_kernel(const FlashBwdParams p, int n_block_offset,
                                                                         int64_t acc_rows, int64_t acc_cols) {
+  static_assert(!(kSoftcap && kExtras), "the kExtras variant handles softcap at runtime");
   using Element = typename Kt::Element;
   constexpr int kBlockM = Kt::kBlockM;
   constexpr int kBlockN = Kt::kBlockN;
@@ -209,9 +216,15 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_bwd_dkdv_kernel(const Fla
   Tensor tScS_rc = make_tensor(tScS.data(), rowcol_layout(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
 
-  const float scale_nat = kSoftcap ? p.softcap : p.scale;
+  const bool softcap_on = kSoftcap || (kExtras && p.softcap > 0.f);  // compile-time unless kExtras
+  const float scale_nat = softcap_on ? p.softcap : p.scale;
   const float scale_log2 = scale_nat * kLog2e;
-  const float pre_tanh = kSoftcap ? p.scale / p.softcap : 1.f;
+  const float pre_tanh = softcap_on ? p.scale / p.softcap : 1.f;
+  // Segment ids / boolean mask (uniform flag). The segment-id range of this CTA's keys is fixed.
+  const bool elem_on = kExtras && (p.q_segment_ids != nullptr || p.mask != nullptr);
+  int32_t kseg_lo = 0, kseg_hi = 0;
+  if (kExtras && p.q_segment_ids)
+    warp_id_range(p.kv_segment_ids + b * p.kv_seg_batch_stride, col0, min(col0 + kBlockN, mask.kv_len), kseg_lo, kseg_hi);
 
   // Plain loop (no lambda: nvcc would outline it and spill dK/dV to local memory).
   for (int it = 0; it < total_iters; ++it) {
@@ -220,16 +233,30 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_bwd_dkdv_kernel(const Fla
     const int m = m_min + it % n_m;
     const int h = h_kv * group + g;
     const int row0 = m * kBlockM;
-    const bool masked = !mask.tile_full(int64_t(row0), int64_t(row0) + kBlockM, col0, int64_t(col0) + kBlockN);
+    TileKind kind = mask.tile_full(int64_t(row0), int64_t(row0) + kBlockM, col0, int64_t(col0) + kBlockN)
+                        ? TileKind::kFull
+                        : TileKind::kPartial;
+    if (elem_on) {
+      int32_t qseg_lo = 0, qseg_hi = 0;
+      if (kExtras && p.q_segment_ids)
+        warp_id_range(p.q_segment_ids + b * p.q_seg_batch_stride, row0, min(row0 + kBlockM, mask.q_len), qseg_lo,
+                      qseg_hi);
+      kind = classify_ranges(kind == TileKind::kFull, p.mask != nullptr, p.q_segment_ids != nullptr, qseg_lo, qseg_hi,
+                             kseg_lo, kseg_hi);
+    }
 
-    // Row statistics from the forward / preprocess (rows past seqlen_q are all-masked).
+    // Row statistics from the forward / preprocess (rows past seqlen_q are all-masked). With
+    // extras, rows with no visible key (lse = -inf) get +inf here, so P = exp2(x - inf) = 0 for
+    // any x, also where a finite logit meets a -inf bias. (Without extras such rows only occur
+    // in masked tiles, where every logit is -inf and P is forced to 0.)
     float lse_l2[kRows], dsum_r[kRows];
     const float* lse_ptr = p.lse + (int64_t(b) * p.heads_q + h) * p.seqlen_q;
     const float* dsum_ptr = p.dsum + row_stats_offset(p, b, h);
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
       const int r = row0 + get<0>(tScS_rc(mi, 0));
-      lse_l2[mi] = r < p.seqlen_q ? lse_ptr[r] * kLog2e : 0.f;
+      const float l = r < p.seqlen_q ? lse_ptr[r] : 0.f;
+      lse_l2[mi] = kExtras && l == -INFINITY ? INFINITY : l * kLog2e;
       dsum_r[mi] = r < p.seqlen_q ? dsum_ptr[r] : 0.f;
     }
 
@@ -237,6 +264,8 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_bwd_dkdv_kernel(const Fla
     __syncthreads();  // Q/dO[it] (and K/V) landed; all warps done with buffer buf^1, sP, sdS
     if (it + 1 < total_iters) load_q_do_tile<Kt>(p, mask, gcopy, gthr, tQsQ, tdOsdO, tQcQ, it + 1, buf ^ 1, n_m, m_min, h_kv, group, b);
     cute::cp_async_fence();
+    // A skipped tile (no shared segment) has P = dS = 0: nothing to add anywhere.
+    if (kExtras && kind == TileKind::kSkip) continue;
 
     const int off = buf * kQElems;
     Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
@@ -248,25 +277,35 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_bwd_dkdv_kernel(const Fla
 
     Tensor s_rc = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));
     Tensor dp_rc = make_tensor(acc_dp.data(), rowcol_layout(acc_dp.layout()));
-    if constexpr (kSoftcap) {
+    if (softcap_on) {
       CUTE_UNROLL
       for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanh_accurate(acc_s(i) * pre_tanh);
     }
-    // Masked logits become -inf -> P = 0 -> dS = 0. Rows with lse = -inf (nothing visible)
-    // only occur in masked tiles, where all their entries are -inf; keep them at exactly 0.
-    if (masked) apply_mask(s_rc, tScS_rc, mask, row0, col0);
-    CUTE_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) {
+    // Masked logits become -inf -> P = 0 -> dS = 0 (kept exactly 0, also on rows with nothing
+    // visible, whose lse_l2 is +inf).
+    if (kind == TileKind::kPartial) {
+      if (elem_on) apply_mask_elem(s_rc, tScS_rc, mask, make_elem_mask(p, b, h), row0, col0);
+      else apply_mask(s_rc, tScS_rc, mask, row0, col0);
+    }
+    if (!kExtras || p.bias == nullptr) {
       CUTE_UNROLL
-      for (int ni = 0; ni < size<1>(s_rc); ++ni) {
-        const float t = s_rc(mi, ni);
-        float pv = fast_exp2(fmaf(t, scale_log2, -lse_l2[mi]));
-        pv = t == -INFINITY ? 0.f : pv;
-        float ds = pv * (dp_rc(mi, ni) - dsum_r[mi]);
-        if constexpr (kSoftcap) ds = t == -INFINITY ? 0.f : ds * (1.f - t * t);
-        s_rc(mi, ni) = pv;
-        dp_rc(mi, ni) = ds;
+      for (int mi = 0; mi < kRows; ++mi) {
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(s_rc); ++ni) {
+          const float t = s_rc(mi, ni);
+          float pv = fast_exp2(fmaf(t, scale_log2, -lse_l2[mi]));
+          pv = t == -INFINITY ? 0.f : pv;
+          float ds = pv * (dp_rc(mi, ni) - dsum_r[mi]);
+          if (softcap_on) ds = t == -INFINITY ? 0.f : ds * (1.f - t * t);
+          s_rc(mi, ni) = pv;
+          dp_rc(mi, ni) = ds;
+        }
       }
+    } else {
+      // logit = scale_nat * t + bias; dbias = dS before the softcap chain rule.
+      DbiasTile<kRows, decltype(size<1>(s_rc))::value> dbias(p, b, h);
+      bias_probs_grads(s_rc, dp_rc, tScS_rc, make_bias_view(p, b, h), dbias, row0, col0, p.seqlen_q - row0,
+                       p.seqlen_k - col0, scale_log2, lse_l2, dsum_r, softcap_on);
     }
     Tensor rP = convert_type<Element>(acc_s);
     Tensor rdS = convert_type<Element>(acc_dp);

@@ -2,10 +2,18 @@
 // One CTA = kBlockM query rows of one (batch, q head). Key blocks are visited from the last
 // visible one down to the first, so the causal/length boundary tiles (which need
 // element-wise masking) come first and every later tile runs the unmasked path.
+// Optional inputs (extras_sm80.h), in the kExtras instantiation only: segment ids classify
+// each tile (disjoint segments: the tile's MMAs and softmax are skipped); the boolean mask is
+// applied on every tile; the bias turns the logits into natural-log units (s * scale + bias) on
+// every tile. A compile-time variant, unlike the backward: the forward without extras uses
+// 248-254 registers, and runtime-flagged extras code made ptxas spill in it. The kExtras
+// variant is only instantiated with kSoftcap = false and tests softcap at runtime, so the
+// extras add one kernel per instantiation file, not two.
 #pragma once
 
 #include "../common/flash_params.h"
 #include "../common/mask.h"
+#include "extras_sm80.h"
 #include "kernel_traits_sm80.h"
 #include "softmax_sm80.h"
 #include "utils_sm80.h"
@@ -13,8 +21,9 @@
 namespace jax_flash {
 namespace sm80 {
 
-template <typename Kt, bool kSoftcap>
+template <typename Kt, bool kSoftcap, bool kExtras>
 __global__ void __launch_bounds__(Kt::kNThreads) flash_fwd_kernel(const FlashFwdParams p) {
+  static_assert(!(kSoftcap && kExtras), "the kExtras variant handles softcap at runtime");
   using Element = typename Kt::Element;
   constexpr int kBlockM = Kt::kBlockM;
   constexpr int kBlockN = Kt::kBlockN;
@@ -116,9 +125,12 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_fwd_kernel(const FlashFwd
   softmax.init();
 
   // softcap: s = tanh(qk * scale / cap), logit = cap * s. Otherwise s = qk, logit = scale * s.
-  const float scale_nat = kSoftcap ? p.softcap : p.scale;
+  const bool softcap_on = kSoftcap || (kExtras && p.softcap > 0.f);  // compile-time unless kExtras
+  const float scale_nat = softcap_on ? p.softcap : p.scale;
   const float scale_log2 = scale_nat * kLog2e;
-  const float pre_tanh = kSoftcap ? p.scale / p.softcap : 1.f;
+  const float pre_tanh = softcap_on ? p.scale / p.softcap : 1.f;
+  // With a bias the logits are converted to natural-log units before the softmax.
+  const bool has_bias = kExtras && p.bias != nullptr;
 
   // No lambdas here: nvcc would outline them and pass the accumulators through local memory.
   for (; n >= n_min; --n) {
@@ -129,15 +141,38 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_fwd_kernel(const FlashFwd
     copy_pred(gcopy, tVgV(_, _, _, n), tVsV, tKcK, mask.kv_len - n * kBlockN, hd);
     cute::cp_async_fence();
 
-    gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma, s2r_q, s2r_k, s2r_q_thr, s2r_k_thr);
-    if constexpr (kSoftcap) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanh_accurate(acc_s(i) * pre_tanh);
+    const int col0 = n * kBlockN;
+    // Only boundary tiles pay for element-wise masking.
+    TileKind kind = mask.tile_full(row0, row0 + kBlockM, col0, int64_t(col0) + kBlockN) ? TileKind::kFull
+                                                                                         : TileKind::kPartial;
+    if (kExtras && (p.q_segment_ids != nullptr || p.mask != nullptr)) {
+      int32_t qseg_lo = 0, qseg_hi = 0, kseg_lo = 0, kseg_hi = 0;
+      if (p.q_segment_ids) {
+        warp_id_range(p.q_segment_ids + b * p.q_seg_batch_stride, row0, min(row0 + kBlockM, mask.q_len), qseg_lo,
+                      qseg_hi);
+        warp_id_range(p.kv_segment_ids + b * p.kv_seg_batch_stride, col0, min(col0 + kBlockN, mask.kv_len), kseg_lo,
+                      kseg_hi);
+      }
+      kind = classify_ranges(kind == TileKind::kFull, p.mask != nullptr, p.q_segment_ids != nullptr, qseg_lo, qseg_hi,
+                             kseg_lo, kseg_hi);
     }
     Tensor s_rc = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));
-    // Only boundary tiles pay for element-wise masking.
-    if (!mask.tile_full(row0, row0 + kBlockM, int64_t(n) * kBlockN, int64_t(n + 1) * kBlockN))
-      apply_mask(s_rc, tScS_rc, mask, row0, n * kBlockN);
+    // A skipped tile (no shared segment) adds nothing: exp of -inf everywhere.
+    if (!kExtras || kind != TileKind::kSkip) {
+      gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma, s2r_q, s2r_k, s2r_q_thr, s2r_k_thr);
+      if (softcap_on) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanh_accurate(acc_s(i) * pre_tanh);
+      }
+      if (has_bias)
+        add_bias(s_rc, tScS_rc, make_bias_view(p, b, h), row0, col0, p.seqlen_q - row0, p.seqlen_k - col0, scale_nat);
+      if (kind == TileKind::kPartial) {
+        if (kExtras && (p.q_segment_ids != nullptr || p.mask != nullptr))
+          apply_mask_elem(s_rc, tScS_rc, mask, make_elem_mask(p, b, h), row0, col0);
+        else
+          apply_mask(s_rc, tScS_rc, mask, row0, col0);
+      }
+    }
 
     cute::cp_async_wait<0>();
     __syncthreads();  // V[n] landed; every warp is done reading K[n]
@@ -145,16 +180,18 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_fwd_kernel(const FlashFwd
       copy_pred(gcopy, tKgK(_, _, _, n - 1), tKsK, tKcK, mask.kv_len - (n - 1) * kBlockN, hd);
       cute::cp_async_fence();
     }
-    // The first tile's rescale is a harmless multiply of zeros (corr = 0).
-    softmax.update(s_rc, acc_o_rc, scale_log2);
+    if (!kExtras || kind != TileKind::kSkip) {
+      // The first tile's rescale is a harmless multiply of zeros (corr = 0).
+      softmax.update(s_rc, acc_o_rc, has_bias ? kLog2e : scale_log2);
 
-    Tensor rP = convert_type<Element>(acc_s);
-    Tensor tOrP = make_tensor(rP.data(), acc_to_a_layout(rP.layout()));
-    gemm_rs(acc_o, tOrP, tOrVt, tOsVt, mma, s2r_v, s2r_v_thr);
+      Tensor rP = convert_type<Element>(acc_s);
+      Tensor tOrP = make_tensor(rP.data(), acc_to_a_layout(rP.layout()));
+      gemm_rs(acc_o, tOrP, tOrVt, tOsVt, mma, s2r_v, s2r_v_thr);
+    }
   }
 
   float lse[kRows];
-  softmax.finalize(acc_o_rc, scale_nat, lse);
+  softmax.finalize(acc_o_rc, has_bias ? 1.f : scale_nat, lse);
 
   // Epilogue: registers -> smem (reusing Q) -> 16-byte global stores.
   Tensor rO = convert_type<Element>(acc_o);

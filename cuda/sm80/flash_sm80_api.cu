@@ -5,6 +5,7 @@
 
 #include "flash_sm80.h"
 #include "flash_sm80_internal.h"
+#include "../common/mask.h"
 
 namespace jax_flash {
 namespace {
@@ -23,6 +24,11 @@ bool common_ok(const FlashFwdParams& p) {
       !strides_ok(p.k_batch_stride, p.k_row_stride, p.k_head_stride) ||
       !strides_ok(p.v_batch_stride, p.v_row_stride, p.v_head_stride) ||
       !strides_ok(p.o_batch_stride, p.o_row_stride, p.o_head_stride))
+    return false;
+  // Optional inputs: segment ids come in pairs; the bias is read one element at a time (any
+  // alignment), in float32, bfloat16 or float16.
+  if ((p.q_segment_ids == nullptr) != (p.kv_segment_ids == nullptr)) return false;
+  if (p.bias && p.bias_dtype != DType::kFloat32 && p.bias_dtype != DType::kBFloat16 && p.bias_dtype != DType::kFloat16)
     return false;
   return true;
 }
@@ -68,6 +74,9 @@ cudaError_t flash_bwd_sm80(const FlashBwdParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   if (p.batch * int64_t(p.heads_q) * p.seqlen_q > 0 && (p.dsum == nullptr || p.dq_accum == nullptr || p.lse == nullptr))
     return cudaErrorInvalidValue;
+  if (p.dbias && !p.bias) return cudaErrorInvalidValue;
+  // dbias summed over a broadcast axis uses float atomics in no fixed order: not deterministic.
+  if (p.dbias && p.deterministic && dbias_is_reduced(p)) return cudaErrorNotSupported;
   // dq is written element-wise, so it has no alignment requirement.
   if (p.dtype == DType::kBFloat16) {
     return by_head_dim<cutlass::bfloat16_t>(p, [&](auto hd) { return sm80::run_bwd<cutlass::bfloat16_t, decltype(hd)::value>(p, stream); });

@@ -22,11 +22,18 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0) return cudaSuccess;
   const dim3 grid((p.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM, p.heads_q, p.batch);
   cudaError_t err = cudaSuccess;
-  JF_BOOL_SWITCH(p.softcap > 0.f, kSoftcap, [&] {
-    auto kernel = &flash_fwd_kernel<Kt, kSoftcap>;
+  if (p.q_segment_ids || p.bias || p.mask) {
+    // Segment ids / bias / mask: one variant, softcap tested at runtime (flash_fwd_kernel_sm80.h).
+    auto kernel = &flash_fwd_kernel<Kt, false, true>;
     err = set_smem(kernel, Kt::kSmemSize);
     if (err == cudaSuccess) kernel<<<grid, Kt::kNThreads, Kt::kSmemSize, stream>>>(p);
-  });
+  } else {
+    JF_BOOL_SWITCH(p.softcap > 0.f, kSoftcap, [&] {
+      auto kernel = &flash_fwd_kernel<Kt, kSoftcap, false>;
+      err = set_smem(kernel, Kt::kSmemSize);
+      if (err == cudaSuccess) kernel<<<grid, Kt::kNThreads, Kt::kSmemSize, stream>>>(p);
+    });
+  }
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }
@@ -40,6 +47,11 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   const int64_t acc_cols = p.head_dim_rounded > 0 ? p.head_dim_rounded : dq_accum_cols(p.head_dim);
   const int64_t rows_total = int64_t(p.batch) * p.heads_q * p.seqlen_q;
   cudaError_t err;
+  // dbias is a float32 sum over the bias's broadcast axes (atomics in the dK/dV kernel).
+  if (p.dbias) {
+    err = cudaMemsetAsync(p.dbias, 0, sizeof(float) * dbias_elements(p), stream);
+    if (err != cudaSuccess) return err;
+  }
   if (rows_total > 0) {
     err = cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * int64_t(p.batch) * p.heads_q * acc_rows * acc_cols, stream);
     if (err != cudaSuccess) return err;
@@ -50,8 +62,7 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   const int n_blocks = (p.seqlen_k + Kt::kBlockN - 1) / Kt::kBlockN;
   err = cudaSuccess;
   if (n_blocks > 0) {
-    JF_BOOL_SWITCH(p.softcap > 0.f, kSoftcap, [&] {
-      auto kernel = &flash_bwd_dkdv_kernel<Kt, kSoftcap>;
+    auto launch = [&](auto kernel) {
       err = set_smem(kernel, Kt::kSmemSize);
       if (err != cudaSuccess) return;
       if (p.deterministic) {
@@ -62,7 +73,12 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
       } else {
         kernel<<<dim3(n_blocks, p.heads_kv, p.batch), Kt::kNThreads, Kt::kSmemSize, stream>>>(p, 0, acc_rows, acc_cols);
       }
-    });
+    };
+    if (p.q_segment_ids || p.bias || p.mask) {
+      launch(&flash_bwd_dkdv_kernel<Kt, false, true>);  // softcap tested at runtime
+    } else {
+      JF_BOOL_SWITCH(p.softcap > 0.f, kSoftcap, [&] { launch(&flash_bwd_dkdv_kernel<Kt, kSoftcap, false>); });
+    }
     if (err != cudaSuccess) return err;
   }
   if (rows_total > 0) {

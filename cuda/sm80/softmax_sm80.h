@@ -7,20 +7,28 @@
 namespace jax_flash {
 namespace sm80 {
 
+// Visible columns [lo, hi) of sequence row r from the interval rule, relative to col0.
+__device__ __forceinline__ void row_interval(SeqMask const& mask, int64_t r, int col0, int& lo, int& hi) {
+  lo = 0;
+  hi = 0;
+  if (r < mask.q_len) {
+    int64_t l = mask.key_lo(r) - col0, h = mask.key_hi(r) - col0;
+    lo = int(max(int64_t(-1), min(l, int64_t(1 << 20))));
+    hi = int(max(int64_t(-1), min(h, int64_t(1 << 20))));
+  }
+}
+
 // Set logits of invisible (row, key) pairs to -inf. Only called on boundary tiles; interior
 // tiles are known visible from SeqMask::tile_full. rc/crc: (rows, cols) views of the
 // accumulator and of its tile coordinates; row0/col0: tile origin in the sequence.
+// (extras_sm80.h: apply_mask_elem adds segment ids and the boolean mask.)
 template <typename T, typename C>
 __device__ __forceinline__ void apply_mask(T& rc, C const& crc, SeqMask const& mask, int row0, int col0) {
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(rc); ++mi) {
     const int64_t r = row0 + get<0>(crc(mi, 0));
-    int lo = 0, hi = 0;  // visible columns of this row, relative to col0
-    if (r < mask.q_len) {
-      int64_t l = mask.key_lo(r) - col0, h = mask.key_hi(r) - col0;
-      lo = int(max(int64_t(-1), min(l, int64_t(1 << 20))));
-      hi = int(max(int64_t(-1), min(h, int64_t(1 << 20))));
-    }
+    int lo, hi;  // visible columns of this row, relative to col0
+    row_interval(mask, r, col0, lo, hi);
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(rc); ++ni) {
       const int c = get<1>(crc(0, ni));

@@ -19,6 +19,14 @@ for a in $ARCHS; do GENCODE="$GENCODE -gencode arch=compute_$a,code=sm_$a"; done
 FLAGS="-std=c++17 --expt-relaxed-constexpr -O3 -I$CUTLASS_INC $GENCODE $DEFS"
 OBJ=harness/bin/obj
 mkdir -p $OBJ
+# KERNELS_LIB=/abs/path/libjf_sm80.a links the kernel archive of tools/build_kernels.sh (every
+# instantiation, built for ARCHS) instead of compiling the subset here.
+if [ -n "${KERNELS_LIB:-}" ]; then
+  nvcc $FLAGS -c harness/test_sm80.cu -o $OBJ/test_sm80.o
+  nvcc $GENCODE -cudart static -Xcompiler -static-libstdc++,-static-libgcc -o harness/bin/test_sm80 $OBJ/test_sm80.o "$KERNELS_LIB"
+  echo "built harness/bin/test_sm80 (kernels from $KERNELS_LIB)"
+  exit 0
+fi
 # Rebuild an object only when its source or any header is newer.
 for s in $SRCS; do
   o=$OBJ/${s%.cu}.o
