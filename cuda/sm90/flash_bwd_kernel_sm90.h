@@ -153,6 +153,7 @@ struct BwdKernelParams {
   float softcap_mult;  // scale / softcap (tanh argument), softcap variant only
   int64_t acc_rows, acc_cols;
   TileSchedule sched;  // (key block, kv head, batch) tiles
+  uint32_t* timeline;  // diagnostic builds only (timeline.h, JF_BWD_TIMELINE), else nullptr
 };
 
 // Query row blocks [m_min, m_min + nm) that key block n_block can see.
@@ -368,6 +369,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       }
     }
   };
+  BwdStepTimeline tl;
+  tl.init(kp.timeline, wg, blockIdx.x == 0 && tidx % 128 == 0);
   int loaded = 0;
   for (int r = 0;; ++r) {
     int const linear = snake_tile(r);
@@ -391,10 +394,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         int const buf = it & 1;
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        tl.mark(kBwdStart);
         bwd_consumer_wait(pipe_q, rd);
         wg_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, rd.index()), tSrS);
         bwd_consumer_wait(pipe_do, rd_do);
         wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, rd_do.index()), tdPrdP);
+        tl.mark(kBwdIssued);
         Tensor s_rc = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
         Tensor dp_rc = make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));
         bool const full = msk.tile_full(row0, row0 + kBlockM, key0_wg, key0_wg + 64);
@@ -448,6 +453,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
             for (int i = 0; i < kRowsK; ++i) dp_rc(i, j) = s_rc(i, j) * (dp_rc(i, j) - d);
           }
         }
+        tl.mark(kBwdPdS);
         Tensor tPr16 = make_tensor<Element>(tSrS.layout());
         Tensor tdSr16 = make_tensor<Element>(tSrS.layout());
         convert_out(tSrS, tPr16);
@@ -490,6 +496,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           wg_gemm<false, -1>(mma_dkv, wg_dkv.partition_fragment_A(sPt), tdVrdO(_, _, _, rd_do.index()), tdVrdV);
           wg_gemm<false, -1>(mma_dkv, wg_dkv.partition_fragment_A(sdSt), tdKrQ(_, _, _, rd.index()), tdKrdK);
         }
+        tl.mark(kBwdShared);
         Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdS{});
         Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);
         Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
@@ -498,6 +505,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         pipe_do.consumer_release(rd_do);
         ++rd_do;
         warpgroup_wait<0>();
+        tl.mark(kBwdGemmsDone);
         pipe_q.consumer_release(rd);
         ++rd;
         // dQ partial -> smem (fragment order) -> bulk reduce-add into dq_accum, in kdQRounds
@@ -540,6 +548,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
             atomicAdd(sem, 1);
           }
         }
+        tl.mark(kBwdEnd);
+        tl.end_step();
       }
       if (kDeferLastPiece) flush_held();
       ss.barrier_kv_empty.arrive();  // the last dQ GEMM (the last reader of K / V) has completed

@@ -22,6 +22,7 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   using Element = typename T::Element;
   BwdKernelParams<T> kp;
   kp.p = p;
+  kp.timeline = bwd_timeline_buffer();
   kp.acc_rows = p.seqlen_q_rounded > 0 ? p.seqlen_q_rounded : dq_accum_rows(p.seqlen_q);
   kp.acc_cols = p.head_dim_rounded > 0 ? p.head_dim_rounded : dq_accum_cols(p.head_dim);
   // dq_accum: whole kBlockM-row blocks of kBlockM * head_dim floats (fragment order); the

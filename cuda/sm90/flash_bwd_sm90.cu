@@ -4,8 +4,13 @@
 
 #include "flash_bwd_sm90.h"
 #include "support.h"
+#include "timeline.h"
 
 namespace jax_flash {
+
+#ifdef JF_BWD_TIMELINE
+uint32_t* sm90::g_bwd_timeline = nullptr;
+#endif
 
 template <int kHeadDim, DType kDType>
 cudaError_t flash_bwd_sm90_hdim(const FlashBwdParams& p, cudaStream_t stream);

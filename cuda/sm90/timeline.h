@@ -1,8 +1,9 @@
-// Diagnostic, off by default: clock() marks at the sync points of every forward consumer step,
-// to see where a step's time goes (softmax vs. waits for the other warpgroup or for data).
-// Compiled in only with -DJF_FWD_TIMELINE (harness: EXTRA_FLAGS=-DJF_FWD_TIMELINE
-// cuda/sm90/build_harness.sh fwd, then test_sm90 --timeline ...). Without it every call below
-// is empty and KernelParams::timeline stays nullptr.
+// Diagnostic, off by default: clock() marks at the sync points of every consumer step, to see
+// where a step's time goes (softmax vs. waits for the other warpgroup or for data). Forward:
+// compiled in only with -DJF_FWD_TIMELINE (harness: EXTRA_FLAGS=-DJF_FWD_TIMELINE
+// cuda/sm90/build_harness.sh fwd, then test_sm90 --timeline ...). Backward: -DJF_BWD_TIMELINE
+// (build_harness.sh bwd, then test_bwd_sm90 --timeline ...; BwdMark names its marks). Without
+// the macro every call below is empty and the kernel params' timeline stays nullptr.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,7 @@
 namespace jax_flash::sm90 {
 
 constexpr int kTimelineSteps = 128;  // steps recorded per consumer warpgroup
-constexpr int kTimelineMarks = 6;    // see StepTimeline::Mark
+constexpr int kTimelineMarks = 6;    // see StepTimelineT::Mark (forward), BwdMark (backward)
 // Host side: a device buffer of 2 * kTimelineSteps * kTimelineMarks uint32, or nullptr.
 // Thread 0 of each consumer warpgroup of CTA 0 writes [wg][step][mark] of every tile it runs
 // (later tiles overwrite earlier ones: with equal-length tiles, the last one remains).
@@ -20,32 +21,59 @@ inline uint32_t* fwd_timeline_buffer() { return g_fwd_timeline; }
 #else
 inline uint32_t* fwd_timeline_buffer() { return nullptr; }
 #endif
+#ifdef JF_BWD_TIMELINE
+extern uint32_t* g_bwd_timeline;
+inline uint32_t* bwd_timeline_buffer() { return g_bwd_timeline; }
+#else
+inline uint32_t* bwd_timeline_buffer() { return nullptr; }
+#endif
 
-struct StepTimeline {
+// Backward step marks: step start, S^T / dP^T issued, P and dS formed, dV / dK issued and dS
+// shared (after the WG barrier), every GEMM of the step complete, step end (dQ reduce issued).
+enum BwdMark { kBwdStart, kBwdIssued, kBwdPdS, kBwdShared, kBwdGemmsDone, kBwdEnd };
+
+template <bool kEnabled>
+struct StepTimelineT {
   // Step start, QK^T issued (after the ping-pong barrier), both GEMMs issued, S ready,
   // softmax done, step end (PV done, P converted, O rescaled).
   enum Mark { kStart, kIssueQK, kIssued, kSReady, kSoftmax, kEnd };
-#ifdef JF_FWD_TIMELINE
+#if defined(JF_FWD_TIMELINE) || defined(JF_BWD_TIMELINE)
   uint32_t* out = nullptr;
   uint32_t t[kTimelineMarks];
   int step = 0;
   __device__ void init(uint32_t* buf, int wg, bool on) {
-    out = buf && on ? buf + wg * kTimelineSteps * kTimelineMarks : nullptr;
-    step = 0;
+    if constexpr (kEnabled) {
+      out = buf && on ? buf + wg * kTimelineSteps * kTimelineMarks : nullptr;
+      step = 0;
+    }
   }
   // Every thread reads the clock (no divergent branch between wgmma issue and wait); only the
   // recording thread stores, once per step, after the step's GEMMs have completed.
-  __device__ void mark(Mark m) { t[m] = uint32_t(clock()); }
+  __device__ void mark(int m) {
+    if constexpr (kEnabled) t[m] = uint32_t(clock());
+  }
   __device__ void end_step() {
-    if (out && step < kTimelineSteps)
-      for (int i = 0; i < kTimelineMarks; ++i) out[step * kTimelineMarks + i] = t[i];
-    ++step;
+    if constexpr (kEnabled) {
+      if (out && step < kTimelineSteps)
+        for (int i = 0; i < kTimelineMarks; ++i) out[step * kTimelineMarks + i] = t[i];
+      ++step;
+    }
   }
 #else
   __device__ void init(uint32_t*, int, bool) {}
-  __device__ void mark(Mark) {}
+  __device__ void mark(int) {}
   __device__ void end_step() {}
 #endif
 };
+#ifdef JF_FWD_TIMELINE
+using StepTimeline = StepTimelineT<true>;
+#else
+using StepTimeline = StepTimelineT<false>;
+#endif
+#ifdef JF_BWD_TIMELINE
+using BwdStepTimeline = StepTimelineT<true>;
+#else
+using BwdStepTimeline = StepTimelineT<false>;
+#endif
 
 }  // namespace jax_flash::sm90
