@@ -85,3 +85,17 @@ def assert_vmap_matches_loop(fn, args, in_axes, n=3):
     for j in range(n):
         sl = [a[j] if ax is not None else a for a, ax in zip(args, in_axes)]
         np.testing.assert_allclose(got[j], fn(*sl), rtol=1e-5, atol=1e-6)
+
+
+def vjp_fn(fn, with_bias):
+    """jit((q, k, v, bias, do) -> (out, lse, grads)) for fn(q, k, v, bias) -> (out, lse): grads
+    are (dq, dk, dv) plus dbias if with_bias (lse gets a zero cotangent)."""
+
+    def f(q, k, v, bias, do):
+        if with_bias:
+            (o, lse), vjp = jax.vjp(fn, q, k, v, bias)
+        else:
+            (o, lse), vjp = jax.vjp(lambda q, k, v: fn(q, k, v, None), q, k, v)
+        return o, lse, vjp((do.astype(o.dtype), jnp.zeros_like(lse)))
+
+    return jax.jit(f)

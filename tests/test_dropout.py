@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_flash
 from jax_flash import reference
-from conftest import assert_flash_rule, assert_vmap_matches_loop, max_err, random_qkv
+from conftest import assert_flash_rule, assert_vmap_matches_loop, max_err, random_qkv, vjp_fn
 
 F32 = jnp.float32
 
@@ -115,17 +115,6 @@ def test_broadcast_dropout_shares_one_mask():
 # ------------------------------------------------------------- against the float64 reference
 
 
-def _vjp_fn(fn, with_bias):
-    def f(q, k, v, bias, do):
-        if with_bias:
-            (o, lse), vjp = jax.vjp(fn, q, k, v, bias)
-        else:
-            (o, lse), vjp = jax.vjp(lambda q, k, v: fn(q, k, v, None), q, k, v)
-        return o, lse, vjp((do.astype(o.dtype), jnp.zeros_like(lse)))
-
-    return jax.jit(f)
-
-
 def check_case(B, T, S, N, K, H, dtype, rate, kw, ref_kw, bias_shape=None, seed=0):
     """jax_flash with dropout against reference.attention with the numpy Philox mask: the 2x
     rule on out, dq, dk, dv (and dbias); lse against the undropped float64 lse. Also: the
@@ -147,9 +136,9 @@ def check_case(B, T, S, N, K, H, dtype, rate, kw, ref_kw, bias_shape=None, seed=
 
     wb = bias is not None
     as64 = lambda *xs: (None if x is None else x.astype(jnp.float64) for x in xs)
-    o, lse, g = _vjp_fn(ours, wb)(q, k, v, bias, do)
-    o64, lse64, g64 = _vjp_fn(ref(jnp.float64, keep), wb)(*as64(q, k, v, bias, do))
-    on, _, gn = _vjp_fn(ref(jnp.dtype(dtype), keep), wb)(q, k, v, bias, do)
+    o, lse, g = vjp_fn(ours, wb)(q, k, v, bias, do)
+    o64, lse64, g64 = vjp_fn(ref(jnp.float64, keep), wb)(*as64(q, k, v, bias, do))
+    on, _, gn = vjp_fn(ref(jnp.dtype(dtype), keep), wb)(q, k, v, bias, do)
     assert o.dtype == q.dtype and not jnp.isnan(o).any()
     assert_flash_rule("out", o, on, o64, dtype)
     lse_scale = max(1.0, float(jnp.max(jnp.abs(jnp.where(jnp.isfinite(lse64), lse64, 0)))))
@@ -159,7 +148,7 @@ def check_case(B, T, S, N, K, H, dtype, rate, kw, ref_kw, bias_shape=None, seed=
         assert_flash_rule(name, a, b, c, dtype)
     # Another key's mask: the same check fails by a wide margin.
     other = np_keep(seed_of(jax.random.key(seed + 100)), B, N, T, S, rate)
-    o_other, _, g_other = _vjp_fn(ref(jnp.float64, other), wb)(*as64(q, k, v, bias, do))
+    o_other, _, g_other = vjp_fn(ref(jnp.float64, other), wb)(*as64(q, k, v, bias, do))
     assert max_err(o, o_other) > 20 * max(max_err(o, o64), 1e-3)
     assert max_err(g[2], g_other[2]) > 20 * max(max_err(g[2], g64[2]), 1e-3)
 

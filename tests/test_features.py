@@ -14,7 +14,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_flash
 from jax_flash import reference
-from conftest import assert_flash_rule, assert_vmap_matches_loop, max_err, random_qkv
+from conftest import assert_flash_rule, assert_vmap_matches_loop, max_err, random_qkv, vjp_fn
 
 F32 = jnp.float32
 
@@ -36,19 +36,6 @@ def rand_mask(key, shape, p=0.8):
 # ------------------------------------------------------------- against the float64 reference
 
 
-def _vjp_fn(fn, with_bias):
-    """jit((q, k, v, bias, do) -> (out, lse [B, N, T], grads)): grads include dbias if with_bias."""
-
-    def f(q, k, v, bias, do):
-        if with_bias:
-            (o, lse), vjp = jax.vjp(fn, q, k, v, bias)
-        else:
-            (o, lse), vjp = jax.vjp(lambda q, k, v: fn(q, k, v, None), q, k, v)
-        return o, lse, vjp((do.astype(o.dtype), jnp.zeros_like(lse)))
-
-    return jax.jit(f)
-
-
 def check_case(B, T, S, N, K, H, dtype, ours, ref, bias_shape=None, seed=0):
     """ours/ref: (q, k, v, bias) -> (out [B,T,N,H], lse [B,N,T]); ref also takes compute_dtype.
     FlashAttention's rule (2x the naive error) on out, dq, dk, dv and dbias."""
@@ -56,10 +43,10 @@ def check_case(B, T, S, N, K, H, dtype, ours, ref, bias_shape=None, seed=0):
     bias = None if bias_shape is None else rand_bias(seed + 1, bias_shape)
     do = jax.random.normal(jax.random.key(seed + 2), q.shape, F32).astype(dtype)
     wb = bias is not None
-    o, lse, g = _vjp_fn(ours, wb)(q, k, v, bias, do)
-    o64, lse64, g64 = _vjp_fn(lambda *a: ref(*a, compute_dtype=jnp.float64), wb)(
+    o, lse, g = vjp_fn(ours, wb)(q, k, v, bias, do)
+    o64, lse64, g64 = vjp_fn(lambda *a: ref(*a, compute_dtype=jnp.float64), wb)(
         *(None if x is None else x.astype(jnp.float64) for x in (q, k, v, bias, do)))
-    on, _, gn = _vjp_fn(lambda *a: ref(*a, compute_dtype=jnp.dtype(dtype)), wb)(q, k, v, bias, do)
+    on, _, gn = vjp_fn(lambda *a: ref(*a, compute_dtype=jnp.dtype(dtype)), wb)(q, k, v, bias, do)
     assert o.dtype == q.dtype and lse.dtype == F32
     assert not jnp.isnan(o).any() and not jnp.isnan(lse).any()
     assert_flash_rule("out", o, on, o64, dtype)

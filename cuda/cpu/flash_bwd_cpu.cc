@@ -108,12 +108,12 @@ struct DbiasExtents {
         heads(p.dbias_head_stride ? p.heads_q : 1),
         rows(p.dbias_row_stride ? p.seqlen_q : 1),
         cols(p.dbias_col_stride ? p.seqlen_k : 1) {}
-  int64_t size() const { return int64_t(batch) * heads * rows * cols; }  // == dbias_elements(p)
 };
 
 // The separate dbias pass (see the top of the file). A task owns dbias slice (bb, nb) and
 // keys [k_begin, k_end): one key block, or all keys when the bias is broadcast over keys.
-void dbias_pass(const FlashBwdParams& p, const DbiasExtents& ext) {
+void dbias_pass(const FlashBwdParams& p) {
+  const DbiasExtents ext(p);
   const bool over_keys = ext.cols == 1;  // broadcast over keys: a task sums all of them
   const int64_t key_blocks = over_keys ? 1 : (p.seqlen_k + kBlockK - 1) / kBlockK;
   const int64_t group = p.group();
@@ -158,8 +158,7 @@ void flash_bwd(const FlashBwdParams& p) {
   const int64_t T = p.seqlen_q;
   // dbias is a float32 sum: start from zero (only the bias's own, broadcast shape).
   const bool separate_dbias = p.dbias && dbias_shared_across_kv_heads(p);
-  const DbiasExtents dbias_ext(p);
-  if (p.dbias) std::fill(p.dbias, p.dbias + dbias_ext.size(), 0.f);
+  if (p.dbias) std::fill(p.dbias, p.dbias + dbias_elements(p), 0.f);
 
   parallel_for(int64_t(p.batch) * p.heads_kv, [&](int64_t task) {
     const int b = int(task / p.heads_kv);
@@ -218,7 +217,7 @@ void flash_bwd(const FlashBwdParams& p) {
     }
   });
 
-  if (separate_dbias) dbias_pass(p, dbias_ext);
+  if (separate_dbias) dbias_pass(p);
 }
 
 }  // namespace jax_flash::cpu

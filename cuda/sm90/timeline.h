@@ -32,12 +32,13 @@ inline uint32_t* bwd_timeline_buffer() { return nullptr; }
 // shared (after the WG barrier), every GEMM of the step complete, step end (dQ reduce issued).
 enum BwdMark { kBwdStart, kBwdIssued, kBwdPdS, kBwdShared, kBwdGemmsDone, kBwdEnd };
 
+// kEnabled = false: every call is empty and the members are never touched (same SASS as no
+// timeline at all).
 template <bool kEnabled>
 struct StepTimelineT {
-  // Step start, QK^T issued (after the ping-pong barrier), both GEMMs issued, S ready,
-  // softmax done, step end (PV done, P converted, O rescaled).
+  // Forward marks: step start, QK^T issued (after the ping-pong barrier), both GEMMs issued,
+  // S ready, softmax done, step end (PV done, P converted, O rescaled).
   enum Mark { kStart, kIssueQK, kIssued, kSReady, kSoftmax, kEnd };
-#if defined(JF_FWD_TIMELINE) || defined(JF_BWD_TIMELINE)
   uint32_t* out = nullptr;
   uint32_t t[kTimelineMarks];
   int step = 0;
@@ -59,11 +60,6 @@ struct StepTimelineT {
       ++step;
     }
   }
-#else
-  __device__ void init(uint32_t*, int, bool) {}
-  __device__ void mark(int) {}
-  __device__ void end_step() {}
-#endif
 };
 #ifdef JF_FWD_TIMELINE
 using StepTimeline = StepTimelineT<true>;

@@ -18,7 +18,7 @@
 #include "../../common/mask.h"
 #include "../../common/harness_util.h"
 #include "../flash_sm90.h"
-#include "../timeline.h"
+#include "../timeline_print.h"
 
 using namespace jax_flash;
 
@@ -211,27 +211,10 @@ static double bench(int H, int S, bool causal, int reps) {
 }
 
 #ifdef JF_FWD_TIMELINE
-constexpr size_t kTimelineBytes = 2 * sm90::kTimelineSteps * sm90::kTimelineMarks * sizeof(uint32_t);
-
-// --timeline (diagnostic builds): clock() marks of CTA 0's consumer steps in the last timed launch
-// of each benchmarked cell; per step, cycles between the marks of timeline.h.
 static void print_timeline(uint32_t* dbuf, int H, int S, int causal) {
-  using sm90::kTimelineMarks;
-  using sm90::kTimelineSteps;
-  std::vector<uint32_t> t(kTimelineBytes / sizeof(uint32_t));
-  CK(cudaMemcpy(t.data(), dbuf, kTimelineBytes, cudaMemcpyDeviceToHost));
-  printf("timeline H=%d S=%d causal=%d (cycles; start offsets relative to WG0 step 0)\n", H, S, causal);
-  printf("  wg step |  start | wait K+ping-pong | issue | wait S | softmax | wait PV+conv+rescale | step\n");
-  uint32_t const t0 = t[0];
-  for (int wg = 0; wg < 2; ++wg)
-    for (int i = 0; i < kTimelineSteps; ++i) {
-      uint32_t const* m = &t[(wg * kTimelineSteps + i) * kTimelineMarks];
-      uint32_t const* n = m + kTimelineMarks;
-      if (m[0] == 0 && m[5] == 0) break;
-      bool const has_next = i + 1 < kTimelineSteps && !(n[0] == 0 && n[5] == 0);
-      printf("  %2d %4d | %6d | %16u | %5u | %6u | %7u | %20u | %5d\n", wg, i, int(m[0] - t0), m[1] - m[0],
-             m[2] - m[1], m[3] - m[2], m[4] - m[3], m[5] - m[4], has_next ? int(n[0] - m[0]) : -1);
-    }
+  char title[96];
+  snprintf(title, sizeof(title), "timeline H=%d S=%d causal=%d", H, S, causal);
+  sm90::print_timeline(dbuf, title, {"wait K+ping-pong", "issue", "wait S", "softmax", "wait PV+conv+rescale"});
 }
 #endif
 
@@ -249,8 +232,8 @@ int main(int argc, char** argv) {
     if (!strncmp(argv[i], "--causal=", 9)) only_causal = atoi(argv[i] + 9);
 #ifdef JF_FWD_TIMELINE
     if (!strcmp(argv[i], "--timeline")) {
-      CK(cudaMalloc(&sm90::g_fwd_timeline, kTimelineBytes));
-      CK(cudaMemset(sm90::g_fwd_timeline, 0, kTimelineBytes));
+      CK(cudaMalloc(&sm90::g_fwd_timeline, sm90::kTimelineBytes));
+      CK(cudaMemset(sm90::g_fwd_timeline, 0, sm90::kTimelineBytes));
     }
 #endif
   }
@@ -305,7 +288,7 @@ int main(int argc, char** argv) {
 #ifdef JF_FWD_TIMELINE
           if (sm90::g_fwd_timeline) {
             print_timeline(sm90::g_fwd_timeline, H, Ss[si], causal);
-            CK(cudaMemset(sm90::g_fwd_timeline, 0, kTimelineBytes));
+            CK(cudaMemset(sm90::g_fwd_timeline, 0, sm90::kTimelineBytes));
           }
 #endif
           printf(" %6.0f (%4d/%4d)      |", tf, ref[hi][causal][si][0], ref[hi][causal][si][1]);

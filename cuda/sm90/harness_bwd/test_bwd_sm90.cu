@@ -19,7 +19,7 @@
 #include "../../common/mask.h"
 #include "../../common/harness_util.h"
 #include "../flash_bwd_sm90.h"
-#include "../timeline.h"
+#include "../timeline_print.h"
 
 using namespace jax_flash;
 
@@ -245,27 +245,10 @@ static bool run_case(const Case& c, uint64_t seed) {
 }
 
 #ifdef JF_BWD_TIMELINE
-constexpr size_t kTimelineBytes = 2 * sm90::kTimelineSteps * sm90::kTimelineMarks * sizeof(uint32_t);
-
-// --timeline (diagnostic builds, -DJF_BWD_TIMELINE): clock() marks of CTA 0's consumer steps in
-// the last timed launch of each benchmarked cell; per step, cycles between the marks (BwdMark).
 static void print_timeline(uint32_t* dbuf, int H, int S, int causal) {
-  using sm90::kTimelineMarks;
-  using sm90::kTimelineSteps;
-  std::vector<uint32_t> t(kTimelineBytes / sizeof(uint32_t));
-  CK(cudaMemcpy(t.data(), dbuf, kTimelineBytes, cudaMemcpyDeviceToHost));
-  printf("bwd timeline H=%d S=%d causal=%d (cycles; start offsets relative to WG0 step 0)\n", H, S, causal);
-  printf("  wg step |  start | wait Q/dO + issue S,dP | P, dS | dV,dK issue + dS shared | dQ GEMM + wait all | dQ reduce | step\n");
-  uint32_t const t0 = t[0];
-  for (int wg = 0; wg < 2; ++wg)
-    for (int i = 0; i < kTimelineSteps; ++i) {
-      uint32_t const* m = &t[(wg * kTimelineSteps + i) * kTimelineMarks];
-      uint32_t const* n = m + kTimelineMarks;
-      if (m[0] == 0 && m[5] == 0) break;
-      bool const has_next = i + 1 < kTimelineSteps && !(n[0] == 0 && n[5] == 0);
-      printf("  %2d %4d | %6d | %22u | %5u | %23u | %18u | %9u | %5d\n", wg, i, int(m[0] - t0), m[1] - m[0],
-             m[2] - m[1], m[3] - m[2], m[4] - m[3], m[5] - m[4], has_next ? int(n[0] - m[0]) : -1);
-    }
+  char title[96];
+  snprintf(title, sizeof(title), "bwd timeline H=%d S=%d causal=%d", H, S, causal);
+  sm90::print_timeline(dbuf, title, {"wait Q/dO + issue S,dP", "P, dS", "dV,dK issue + dS shared", "dQ GEMM + wait all", "dQ reduce"});
 }
 #endif
 
@@ -317,8 +300,8 @@ int main(int argc, char** argv) {
     if (!strcmp(argv[i], "--det")) g_det = true;  // bench the deterministic mode
 #ifdef JF_BWD_TIMELINE
     if (!strcmp(argv[i], "--timeline")) {
-      CK(cudaMalloc(&sm90::g_bwd_timeline, kTimelineBytes));
-      CK(cudaMemset(sm90::g_bwd_timeline, 0, kTimelineBytes));
+      CK(cudaMalloc(&sm90::g_bwd_timeline, sm90::kTimelineBytes));
+      CK(cudaMemset(sm90::g_bwd_timeline, 0, sm90::kTimelineBytes));
     }
 #endif
   }
@@ -393,7 +376,7 @@ int main(int argc, char** argv) {
           if (sm90::g_bwd_timeline) {
             printf("\n");
             print_timeline(sm90::g_bwd_timeline, H, Ss[si], causal);
-            CK(cudaMemset(sm90::g_bwd_timeline, 0, kTimelineBytes));
+            CK(cudaMemset(sm90::g_bwd_timeline, 0, sm90::kTimelineBytes));
           }
 #endif
         }
