@@ -10,8 +10,10 @@
 //       dS^T = P^T (dP^T - D) [* softcap grad]
 //       dV  += P^T dO, dK += dS^T Q           (wgmma RS: P^T / dS^T straight from registers)
 //       dS^T -> smem (MN-major dS, double buffer), named barrier, dQ = dS K (wgmma SS, head_dim
-//       split over WGs); dQ -> smem (fragment order), one bulk reduce-add (cp.reduce.async.bulk)
-//       per WG into dq_accum: no per-thread atomics, contiguous smem writes and reduce.
+//       split over WGs) issued before dK; while dK runs, dQ -> smem (fragment order), handed to
+//       the WG's writer warp (producer WG warps 1-2), which issues one bulk reduce-add
+//       (cp.reduce.async.bulk) into dq_accum: no per-thread atomics, and the consumers never
+//       wait for the bulk engine (NOTES.md v19).
 //   head-dim split (head_dim 256, 64 keys per CTA): 64 keys x 256 of dK + dV would need 256
 //       accumulator registers per thread in one WG, so both WGs share the 64 keys. S^T / dP^T
 //       are split by query rows (64 keys x kBlockM/2 each), P^T and dS^T meet in smem (double
@@ -38,13 +40,16 @@
 
 namespace jax_flash::sm90 {
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_, int kPolyEvery_ = 0>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // query rows per mainloop step
   static constexpr int kBlockN = kBlockN_;  // keys per CTA
   static constexpr int kStages = kStages_;  // Q stages
+  // > 0: on full tiles every kPolyEvery-th exp2 of P runs on the FMA pipe (exp2_fma), relieving
+  // the MUFU while both WGs form P at once.
+  static constexpr int kPolyEvery = kPolyEvery_;
   static constexpr int kMmaWGs = 2;
   static constexpr int kMmaThreads = kMmaWGs * 128;
   static constexpr int kThreads = kMmaThreads + 128;
@@ -131,6 +136,10 @@ struct BwdTraits {
     cute::array_aligned<Element, 2 * kdSSize, 1024> ds;  // double buffer
     cute::array_aligned<Element, kSplitD ? 2 * kdSSize : 0, 1024> p;  // P, same layout as dS
     cute::array_aligned<float, kMmaWGs * kdQStageFloats, 128> dq;  // dQ staging
+    // dQ handoff to the writer warps (key split): destination, and (deterministic) turn.
+    float* dq_dst[kMmaWGs];
+    int* dq_sem[kMmaWGs];
+    int dq_turn[kMmaWGs];
     alignas(16) float lse[kStages][kBlockM];   // lse * log2(e)
     alignas(16) float dsum[kStagesdO][kBlockM];  // rowsum(dO * O)
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;  // K, V of the tile landed
@@ -165,8 +174,16 @@ __forceinline__ __device__ void row_block_range(SeqMask const& msk, int n_block,
   nm = r_hi > r_lo ? int((r_hi + kBlockM - 1) / kBlockM) - m_min : 0;
 }
 
-constexpr int kBwdBarDS = 7;   // both consumer WGs stored their dS^T half
-constexpr int kBwdBarDQ = 8;   // + wg: the WG stored its dQ fragment
+// Named barrier ids, as passed to cutlass::arch::NamedBarrier (which adds its 8 reserved ids:
+// hardware ids 8..15, so user ids must stay below 8).
+constexpr int kBwdBarDS = 0;   // both consumer WGs stored their dS^T half
+constexpr int kBwdBarDQ = 1;   // + wg: the WG stored its dQ fragment (head-dim split)
+// Key split: consumer WG wg hands its dQ fragment to writer warp 1 + wg of the producer WG.
+constexpr int kBwdBarDQFull = 3;   // + wg: the fragment is staged (WG arrives, writer syncs)
+constexpr int kBwdBarDQEmpty = 5;  // + wg: the writer's reduce has read it (writer arrives)
+static_assert(kBwdBarDQEmpty + 1 + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount < 16, "16 hardware barriers");
+constexpr int kBwdDQHandoffThreads = 128 + 32;
+
 
 // Offset of element i of consumer thread t's dQ fragment inside one kBlockM-row block of
 // dq_accum (and of the smem staging buffer): fragment-major, 4 floats per thread per chunk.
@@ -192,6 +209,37 @@ __forceinline__ __device__ void bulk_reduce_add_f32(float* gmem, float const* sm
                :
                : "l"(gmem), "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes)
                : "memory");
+}
+
+// Key split: the writer warp of consumer WG wg. Each staged dQ fragment goes into dq_accum with
+// one bulk reduce-add issued here, so the consumers never wait for the bulk engine: they only
+// sync on kBwdBarDQEmpty before restaging, a step later. Deterministic: the turn wait is here
+// too, off the consumers' path. A null destination ends the loop.
+template <class T, bool Deterministic>
+__device__ void bwd_dq_writer(typename T::SharedStorage& ss, int wg) {
+  float const* stage = ss.dq.data() + wg * T::kdQStageFloats;
+  bool const leader = threadIdx.x % 32 == 0;
+  named_arrive(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);  // starts empty
+  for (;;) {
+    named_sync(kBwdDQHandoffThreads, kBwdBarDQFull + wg);
+    float* const dst = *reinterpret_cast<float* volatile*>(&ss.dq_dst[wg]);
+    if (dst == nullptr) break;
+    if (leader) {
+      if constexpr (Deterministic) dq_wait_turn(ss.dq_sem[wg], ss.dq_turn[wg]);
+      bulk_reduce_add_f32(dst, stage, T::kdQStageFloats * sizeof(float));
+      tma_store_arrive();
+      if constexpr (Deterministic) {
+        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the adds are done, not just read
+        __threadfence();
+        atomicAdd(ss.dq_sem[wg], 1);
+      } else {
+        tma_store_wait<0>();  // the staging buffer has been read
+      }
+    }
+    __syncwarp();
+    named_arrive(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);
+  }
+  if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
 template <class Pipe, class State>
@@ -295,6 +343,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       }
       pipe_q.producer_tail(wr);
       pipe_do.producer_tail(wr_do);
+    } else if (!T::kSplitD && (warp_in_wg == 1 || warp_in_wg == 2)) {
+      bwd_dq_writer<T, Deterministic>(ss, warp_in_wg - 1);
     }
     return;
   }
@@ -356,13 +406,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   auto flush_held = [&]() {
     if constexpr (kDeferLastPiece) {
       if (tidx % 128 == 0) tma_store_wait<0>();
-      cutlass::arch::NamedBarrier::sync(128, kBwdBarDQ + wg);
+      named_sync(128, kBwdBarDQ + wg);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < kPieceFrag; i += 4)
         *reinterpret_cast<float4*>(stage + dq_piece_offset(T::kdQRounds - 1, i + (T::kdQRounds - 1) * kPieceFrag)) =
             make_float4(dq_held[i], dq_held[i + 1], dq_held[i + 2], dq_held[i + 3]);
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(128, kBwdBarDQ + wg);
+      fence_async_smem();
+      named_sync(128, kBwdBarDQ + wg);
       if (tidx % 128 == 0) {
         bulk_reduce_add_f32(held_dst, stage, T::kdQStageFloats * sizeof(float));
         tma_store_arrive();
@@ -408,7 +458,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         // P^T = exp2(logit * scale_log2 - lse2); element-wise mask only on boundary tiles (the
         // masked variant is a separate loop so the full-tile loop has no branches).
         auto prob = [&](auto masked, float x, float lse2, int i, int j) {
-          float pr = ex2(x * scale_log2 - lse2);
+          float pr;
+          constexpr int kPolyMod = T::kPolyEvery > 0 ? T::kPolyEvery : 1;
+          if constexpr (T::kPolyEvery > 0 && !decltype(masked)::value) {  // full tile: lse2 finite
+            pr = (j * kRowsK + i) % kPolyMod == kPolyMod - 1 ? exp2_fma(x * scale_log2 - lse2)
+                                                                        : ex2(x * scale_log2 - lse2);
+          } else {
+            pr = ex2(x * scale_log2 - lse2);
+          }
           if constexpr (decltype(masked)::value) {
             int64_t const key = n_block * kBlockN + int(get<0>(cS_rc(i, j)));
             int64_t const row = row0 + int(get<1>(cS_rc(i, j)));
@@ -469,16 +526,45 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           }
         };
         if constexpr (!T::kSplitD) {
+          // dV issued; dS shared; then dQ and dK issued, and the dQ fragment is handed to this
+          // WG's writer warp while dK runs (the tensor pipe stays busy through the handoff,
+          // NOTES.md v19).
           Tensor tPrA = make_tensor(tPr16.data(), acc_to_Aregs(tPr16.layout()));
           Tensor tdSrA = make_tensor(tdSr16.data(), acc_to_Aregs(tdSr16.layout()));
           wg_gemm<false, -1>(mma_dkv, tPrA, tdVrdO(_, _, _, rd_do.index()), tdVrdV);
-          wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
           // dS^T -> smem (as dS, keys contiguous) for dQ = dS K over all keys of the block.
           store_pairs(ss.ds.data() + buf * T::kdSSize, tdSr16);
-          // The previous step's dQ reduce must have read ss.dq before anyone rewrites it.
-          if (tidx % 128 == 0) tma_store_wait<0>();
-          cutlass::arch::fence_view_async_shared();
-          cutlass::arch::NamedBarrier::sync(T::kMmaThreads, kBwdBarDS);
+          fence_async_smem();
+          named_sync(T::kMmaThreads, kBwdBarDS);
+          tl.mark(kBwdShared);
+          Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdS{});
+          Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);
+          Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+          wg_gemm<true, -1>(mma_dq, tdQrdS, tdQrK, tdQrdQ);
+          wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
+          warpgroup_wait<1>();  // dV (the last reader of this dO stage) and dQ are done
+          pipe_do.consumer_release(rd_do);
+          ++rd_do;
+          tl.mark(kBwdGemmsDone);
+          // The writer has read the previous fragment (a step ago: normally no wait).
+          named_sync(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < T::kdQFrag; i += 4)
+            *reinterpret_cast<float4*>(stage + dq_piece_offset(0, i)) = make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
+          // Every thread writes the same handoff words: no divergent branch with dK in flight
+          // (it would make ptxas serialize the wgmmas, C7518).
+          ss.dq_dst[wg] = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * kp.acc_rows + row0) * kp.acc_cols + wg * T::kdQWGFloats;
+          if constexpr (Deterministic) {
+            int n_lo, n_hi;
+            key_block_range<kBlockM, kBlockN>(msk, m, n_lo, n_hi);
+            ss.dq_sem[wg] = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * (kp.acc_rows / 64) + row0 / 64;
+            ss.dq_turn[wg] = 2 * (n_block - n_lo);
+          }
+          fence_async_smem();
+          named_arrive(kBwdDQHandoffThreads, kBwdBarDQFull + wg);
+          warpgroup_wait<0>();  // dK, the last reader of this Q stage
+          pipe_q.consumer_release(rd);
+          ++rd;
         } else {
           // Each WG holds P^T / dS^T for half the rows: both halves meet in smem, then every
           // WG reads all rows for its head_dim half of dV and dK.
@@ -489,63 +575,63 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           } else {
             if (tidx % 128 == 0) tma_store_wait<0>();  // as above
           }
-          cutlass::arch::fence_view_async_shared();
-          cutlass::arch::NamedBarrier::sync(T::kMmaThreads, kBwdBarDS);
+          fence_async_smem();
+          named_sync(T::kMmaThreads, kBwdBarDS);
           Tensor sPt = make_tensor(make_smem_ptr(ss.p.data() + buf * T::kdSSize), typename T::SmemLayoutdSt{});
           Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdSt{});
           wg_gemm<false, -1>(mma_dkv, wg_dkv.partition_fragment_A(sPt), tdVrdO(_, _, _, rd_do.index()), tdVrdV);
           wg_gemm<false, -1>(mma_dkv, wg_dkv.partition_fragment_A(sdSt), tdKrQ(_, _, _, rd.index()), tdKrdK);
-        }
-        tl.mark(kBwdShared);
-        Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdS{});
-        Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);
-        Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-        wg_gemm<true, -1>(mma_dq, tdQrdS, tdQrK, tdQrdQ);
-        warpgroup_wait<2>();  // dV, the last reader of this dO stage, is done
-        pipe_do.consumer_release(rd_do);
-        ++rd_do;
-        warpgroup_wait<0>();
-        tl.mark(kBwdGemmsDone);
-        pipe_q.consumer_release(rd);
-        ++rd;
-        // dQ partial -> smem (fragment order) -> bulk reduce-add into dq_accum, in kdQRounds
-        // pieces per WG (rows past seqlen_q add zeros: P is 0 there).
-        float* acc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * kp.acc_rows + row0) * kp.acc_cols + wg * T::kdQWGFloats;
-        int* sem = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * (kp.acc_rows / 64) + row0 / 64;
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < T::kdQRounds; ++r) {
-          if (kDeferLastPiece && r == T::kdQRounds - 1) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < kPieceFrag; ++i) dq_held[i] = tdQrdQ(r * kPieceFrag + i);
-            held_dst = acc + r * T::kdQStageFloats;
-            break;
-          }
-          if (r > 0 || kDeferLastPiece) {  // the previous piece's reduce must have read the staging buffer
-            if (tidx % 128 == 0) tma_store_wait<0>();
-            cutlass::arch::NamedBarrier::sync(128, kBwdBarDQ + wg);
-          }
+          tl.mark(kBwdShared);
+          Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdS{});
+          Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);
+          Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+          wg_gemm<true, -1>(mma_dq, tdQrdS, tdQrK, tdQrdQ);
+          warpgroup_wait<2>();  // dV, the last reader of this dO stage, is done
+          pipe_do.consumer_release(rd_do);
+          ++rd_do;
+          warpgroup_wait<0>();
+          tl.mark(kBwdGemmsDone);
+          pipe_q.consumer_release(rd);
+          ++rd;
+          // dQ partial -> smem (fragment order) -> bulk reduce-add into dq_accum, in kdQRounds
+          // pieces per WG (rows past seqlen_q add zeros: P is 0 there).
+          float* acc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * kp.acc_rows + row0) * kp.acc_cols + wg * T::kdQWGFloats;
+          int* sem = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * (kp.acc_rows / 64) + row0 / 64;
           CUTLASS_PRAGMA_UNROLL
-          for (int i = r * kPieceFrag; i < (r + 1) * kPieceFrag; i += 4)
-            *reinterpret_cast<float4*>(stage + dq_piece_offset(r, i)) = make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
-          cutlass::arch::fence_view_async_shared();
-          cutlass::arch::NamedBarrier::sync(128, kBwdBarDQ + wg);
-          if (tidx % 128 == 0) {
-            if constexpr (Deterministic) {
-              if (r == 0) {
-                int n_lo, n_hi;
-                key_block_range<kBlockM, kBlockN>(msk, m, n_lo, n_hi);
-                dq_wait_turn(sem, 2 * (n_block - n_lo));
-              }
+          for (int r = 0; r < T::kdQRounds; ++r) {
+            if (kDeferLastPiece && r == T::kdQRounds - 1) {
+              CUTLASS_PRAGMA_UNROLL
+              for (int i = 0; i < kPieceFrag; ++i) dq_held[i] = tdQrdQ(r * kPieceFrag + i);
+              held_dst = acc + r * T::kdQStageFloats;
+              break;
             }
-            bulk_reduce_add_f32(acc + r * T::kdQStageFloats, stage, T::kdQStageFloats * sizeof(float));
-            tma_store_arrive();
+            if (r > 0 || kDeferLastPiece) {  // the previous piece's reduce must have read the staging buffer
+              if (tidx % 128 == 0) tma_store_wait<0>();
+              named_sync(128, kBwdBarDQ + wg);
+            }
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = r * kPieceFrag; i < (r + 1) * kPieceFrag; i += 4)
+              *reinterpret_cast<float4*>(stage + dq_piece_offset(r, i)) = make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
+            fence_async_smem();
+            named_sync(128, kBwdBarDQ + wg);
+            if (tidx % 128 == 0) {
+              if constexpr (Deterministic) {
+                if (r == 0) {
+                  int n_lo, n_hi;
+                  key_block_range<kBlockM, kBlockN>(msk, m, n_lo, n_hi);
+                  dq_wait_turn(sem, 2 * (n_block - n_lo));
+                }
+              }
+              bulk_reduce_add_f32(acc + r * T::kdQStageFloats, stage, T::kdQStageFloats * sizeof(float));
+              tma_store_arrive();
+            }
           }
-        }
-        if constexpr (Deterministic) {
-          if (tidx % 128 == 0) {
-            asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the adds are done, not just read
-            __threadfence();
-            atomicAdd(sem, 1);
+          if constexpr (Deterministic) {
+            if (tidx % 128 == 0) {
+              asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the adds are done, not just read
+              __threadfence();
+              atomicAdd(sem, 1);
+            }
           }
         }
         tl.mark(kBwdEnd);
@@ -575,7 +661,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       }
     }
   }
-  if (tidx % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  if constexpr (!T::kSplitD) {  // end the writer warp's loop: a null destination
+    named_sync(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);
+    ss.dq_dst[wg] = nullptr;
+    named_arrive(kBwdDQHandoffThreads, kBwdBarDQFull + wg);
+  } else {
+    if (tidx % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  }
 }
 
 // Row statistics into the padded [batch, heads_q, seqlen_q_rounded] workspaces, and zeros

@@ -11,10 +11,18 @@ namespace jax_flash::sm90 {
 
 template <int kHeadDim>
 struct BwdTileConfig;
-template <> struct BwdTileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2; };
-template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, Stages = 2; };
+// PolyEvery: every n-th exp2 of P on the FMA pipe (NOTES.md v20: H=64 1 in 4 +5%, H=128 1 in 8
+// +1-2%); the macros override it for experiments.
+#ifndef JF_BWD_POLY64
+#define JF_BWD_POLY64 4
+#endif
+#ifndef JF_BWD_POLY128
+#define JF_BWD_POLY128 8
+#endif
+template <> struct BwdTileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PolyEvery = JF_BWD_POLY64; };
+template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, Stages = 2, PolyEvery = JF_BWD_POLY128; };
 // 64 keys per CTA: the WGs split head_dim (BwdTraits::kSplitD).
-template <> struct BwdTileConfig<256> { static constexpr int M = 64, N = 64, Stages = 2; };
+template <> struct BwdTileConfig<256> { static constexpr int M = 64, N = 64, Stages = 2, PolyEvery = 0; };
 
 template <class Traits, bool Softcap, bool Deterministic>
 cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
@@ -94,7 +102,7 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
 template <int kHeadDim, class Element>
 cudaError_t run_bwd_hdim(const FlashBwdParams& p, cudaStream_t stream) {
   using C = BwdTileConfig<kHeadDim>;
-  using T = BwdTraits<kHeadDim, C::M, C::N, C::Stages, Element>;
+  using T = BwdTraits<kHeadDim, C::M, C::N, C::Stages, Element, C::PolyEvery>;
   // Deterministic is a separate instantiation: its turn-taking stays out of the default kernel.
   if (p.deterministic) return p.softcap > 0.f ? launch_bwd<T, true, true>(p, stream) : launch_bwd<T, false, true>(p, stream);
   return p.softcap > 0.f ? launch_bwd<T, true, false>(p, stream) : launch_bwd<T, false, false>(p, stream);

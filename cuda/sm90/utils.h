@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_conversion.h>
 #include <cutlass/numeric_types.h>
 
@@ -65,6 +66,23 @@ auto tma_operand(void const* ptr, int rows, int head_dim, int heads, int batch, 
   return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(rows, head_dim, heads, batch),
                      make_stride(row_stride, _1{}, heads == 1 ? row_stride : head_stride, batch == 1 ? row_stride : batch_stride));
 }
+
+// Named barriers that also order memory for the compiler: cutlass's bar.sync / bar.arrive asm
+// carries no "memory" clobber, so a plain smem load or store could move across it (hand-offs
+// through smem between warps need these).
+__forceinline__ __device__ void named_sync(int threads, int id) {
+  asm volatile("" ::: "memory");
+  cutlass::arch::NamedBarrier::sync(threads, id);
+  asm volatile("" ::: "memory");
+}
+__forceinline__ __device__ void named_arrive(int threads, int id) {
+  asm volatile("" ::: "memory");
+  cutlass::arch::NamedBarrier::arrive(threads, id);
+  asm volatile("" ::: "memory");
+}
+// Generic-proxy smem writes made visible to the async proxy (TMA / bulk copies, wgmma operands);
+// with a memory clobber, unlike cutlass::arch::fence_view_async_shared.
+__forceinline__ __device__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 __forceinline__ __device__ float ex2(float x) {
 #ifdef JF_FAKE_EX2  // diagnostic only (wrong results): what the softmax costs without MUFU
