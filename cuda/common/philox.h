@@ -81,6 +81,10 @@ struct HeadDropout {
            uint32_t(w[3] >= threshold) << 3;
   }
 
+  // The keep bits of columns j and j + 1 (j even, bit 0 = column j) out of keep4(i, j / 4): a
+  // GPU thread's MMA accumulator holds such column pairs, half of one Philox call each.
+  static JF_HOST_DEVICE uint32_t pair_bits(uint32_t keep4_bits, int64_t j) { return keep4_bits >> (j & 2) & 3u; }
+
   // s[0, n) holds columns [j0, j0 + n) of row i: dropped ones become 0, kept ones are multiplied
   // by kept_scale (1 / (1 - rate), or 1 where the caller folds the scale in later).
   JF_HOST_DEVICE void apply_row(float* s, int64_t i, int64_t j0, int n, float kept_scale) const {
