@@ -1,7 +1,7 @@
 """The GPU kernels (Hopper and portable paths) against the float64 reference under
 FlashAttention's 2x rule, transforms on the GPU, long context and memory; segment ids, bias
-(dbias) and boolean masks against the reference and the CPU backend. Skipped (visibly)
-without a GPU."""
+(dbias), boolean masks and dropout against the reference and the CPU backend (dropout: the
+dropped set bit for bit). Skipped (visibly) without a GPU."""
 
 import os
 import subprocess

@@ -12,7 +12,8 @@
 //   counter = (j / 4, i, h, b)              one uint32 each, in Philox word order c0..c3
 //   word r of the output decides column j = 4 * (j / 4) + r
 // so one Philox call gives the decisions of 4 adjacent key columns (a GPU thread's MMA
-// fragment holds adjacent column pairs, a CPU row is contiguous).
+// fragment holds adjacent column pairs: two lanes share each call, sm80/extras_sm80.h; a CPU
+// row is contiguous).
 // Element kept iff word >= threshold, threshold = round(rate * 2^32) (computed once, in
 // double, by dropout_threshold), so P(drop) = threshold / 2^32 = rate to within 2^-33; kept
 // values are scaled by 1 / (1 - rate). b and h are the per-(batch, head) counter coordinates of
