@@ -16,8 +16,9 @@ Operand layouts (what the kernels read):
                  iff spec.dropout_rate > 0. Folds like q's batch and heads under vmap, so every
                  folded example keeps its own key and coordinates.
   The backward returns a fourth output, dbias float32 with the bias's shape, iff bias is given.
-  The CPU kernels and the portable (sm80) GPU kernels take the optional operands; on the GPU a
-  call with any of them runs the portable kernels also on Hopper (kernel="hopper" is an error).
+  The CPU kernels and the portable (sm80) GPU kernels take the optional operands, dropout
+  included; on the GPU a call with any of them runs the portable kernels also on Hopper
+  (kernel="hopper" is an error).
 """
 
 from __future__ import annotations
@@ -118,16 +119,11 @@ def _check_gpu_operands(q_aval):
 
 
 def _check_gpu_extras(spec, avals_in, n_fixed, backward):
-    """The optional operands run on the portable (sm80) GPU kernels only; a dbias summed over a
-    broadcast axis uses float atomics there, which deterministic=True cannot promise. Dropout has
-    no GPU kernel yet."""
+    """The optional operands (dropout included) run on the portable (sm80) GPU kernels only; a
+    dbias summed over a broadcast axis uses float atomics there, which deterministic=True cannot
+    promise."""
     if not spec.extras:
         return
-    if "dropout" in spec.extras:  # jax.nn's attention has no dropout: nothing to fall back to
-        raise NotImplementedError(
-            "jax_flash: dropout is not supported by the GPU kernels yet (the CPU backend has it). "
-            "jax.nn's attention has no dropout, so there is no XLA fallback for it: run this call on "
-            "the CPU backend, or pass dropout_rate=0.0 on the GPU.")
     if spec.kernel == "hopper":
         names = ", ".join(n for n in EXTRAS if n in spec.extras and n != "kv_segment_ids")
         raise ValueError(

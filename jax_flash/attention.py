@@ -162,7 +162,9 @@ def flash_attention(
         with float atomics, so deterministic=True with such a bias is an error on the GPU.
       dropout_rate: attention dropout (a static Python float in [0, 1)): each element of the
         softmax is dropped with this probability and kept ones are scaled by 1 / (1 - rate);
-        lse stays that of the undropped softmax. 0 (default) is exactly no dropout. CPU only.
+        lse stays that of the undropped softmax. 0 (default) is exactly no dropout. On a GPU it
+        runs in the portable (sm80) kernels, like the optional inputs above (kernel="hopper" is
+        an error), and drops exactly the elements the CPU backend drops for the same key.
       dropout_rng: a JAX PRNG key (jax.random.key, or a raw jax.random.PRNGKey), required when
         dropout_rate > 0. The mask is a pure function of the key and the element's
         coordinates (the flattened leading index, 0, query row, key column; see
@@ -182,8 +184,7 @@ def flash_attention(
     vmap over any axis of any subset of q/k/v folds into the kernel's batch or head
     dimension; vmapping q alone shares k/v without broadcasting them (GQA-style).
 
-    On a GPU, segment ids, bias and mask run in the portable kernels (see above); dropout
-    raises NotImplementedError when the call is lowered (no GPU kernel yet).
+    On a GPU, segment ids, bias, mask and dropout run in the portable kernels (see above).
     """
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -290,9 +291,8 @@ def dot_product_attention(
       jax.random.bits(dropout_rng, (2,), uint32): the same key gives the same mask, and it is
       recomputed, never stored, in the backward. The lse residual is of the undropped softmax.
       Under vmap a mapped key gives each example its own mask; an unmapped key gives every
-      example the mask of the unbatched call (as a loop with that key would). CPU kernels only
-      for now: on a GPU the lowering raises NotImplementedError (jax.nn has no dropout to fall
-      back to).
+      example the mask of the unbatched call (as a loop with that key would). The CPU and GPU
+      kernels drop exactly the same elements for the same key.
     broadcast_dropout: False (default): an independent mask per batch element and head. True:
       one [T, S] mask shared by every batch element and head, as Flax's broadcast_dropout
       (whose default is True).
@@ -301,12 +301,11 @@ def dot_product_attention(
     key_value_seq_length of 0, or a fully masked row) gives output 0 and lse -inf where XLA
     averages V; lse is float32 rather than the input dtype.
 
-    Where it runs: bias, mask and segment ids run in jax_flash's kernels on both platforms:
-    the CPU kernels, and on a GPU the portable (sm80) kernels, also on Hopper (the Hopper
-    kernels do not take them: implementation="hopper" with them is an error). The bias is
-    read through its broadcast strides (never expanded); its gradient over broadcast axes is
-    summed with float atomics on the GPU. Dropout runs in the CPU kernels only: the GPU
-    lowering raises NotImplementedError (jax.nn has no dropout, so there is no XLA fallback).
+    Where it runs: bias, mask, segment ids and dropout run in jax_flash's kernels on both
+    platforms: the CPU kernels, and on a GPU the portable (sm80) kernels, also on Hopper (the
+    Hopper kernels do not take them: implementation="hopper" with them is an error). The bias
+    is read through its broadcast strides (never expanded); its gradient over broadcast axes is
+    summed with float atomics on the GPU.
 
     implementation: None or "jax_flash" (auto kernel choice), "portable" / "hopper"
     (force a GPU kernel family), or "xla" / "cudnn" to call jax.nn's own implementations

@@ -15,19 +15,22 @@
   attention. Both give Flax's result (a fully masked row is the one case they would disagree
   on, so it goes to Flax). On a GPU, inputs the kernels do not take there (float32, head dims
   over 256) run Flax's attention directly, as they did before masks took the kernels;
-- a `bias` (added to the scaled logits, as Flax does) and active dropout (`dropout_rate > 0`
-  and not `deterministic`) run in the CPU kernels, with either of the above. The GPU kernels
-  have no dropout yet (they take a bias, through `jax_flash.dot_product_attention`, but this
-  adapter does not route Flax biases to them yet): a call lowered for a GPU runs
-  `flax.linen.dot_product_attention` unchanged
-  (chosen per platform at lowering, with a `JaxFlashFallbackWarning` at trace time when the
-  default backend is not the CPU). The kernels' dropout draws its mask from jax_flash's own
-  counter-based RNG keyed by `dropout_rng` (see `jax_flash.dot_product_attention`), not from
-  `jax.random.bernoulli`, so under dropout the result is a different (equally distributed)
-  sample than Flax's attention with the same key: same key, same mask, but not Flax's mask.
-  `broadcast_dropout=True` (Flax's default) is honoured exactly: one [q_length, kv_length]
-  mask shared by every batch element and head. A mask that is not a key prefix sends the call
-  to Flax's attention, dropout included (Flax's own mask there).
+- active dropout (`dropout_rate > 0` and not `deterministic`) runs in the kernels on every
+  platform (on a GPU the portable sm80 kernels, which drop exactly what the CPU kernels drop
+  for the same key), with either of the above;
+- a `bias` (added to the scaled logits, as Flax does) runs in the CPU kernels, with any of the
+  above. This adapter does not route Flax biases to the GPU kernels yet (they take a bias,
+  through `jax_flash.dot_product_attention`): a call with a bias lowered for a GPU runs
+  `flax.linen.dot_product_attention` unchanged, dropout included (chosen per platform at
+  lowering, with a `JaxFlashFallbackWarning` at trace time when the default backend is not the
+  CPU).
+The kernels' dropout draws its mask from jax_flash's own counter-based RNG keyed by
+`dropout_rng` (see `jax_flash.dot_product_attention`), not from `jax.random.bernoulli`, so
+under dropout the result is a different (equally distributed) sample than Flax's attention
+with the same key: same key, same mask, but not Flax's mask. `broadcast_dropout=True` (Flax's
+default) is honoured exactly: one [q_length, kv_length] mask shared by every batch element and
+head. A mask that is not a key prefix sends the call to Flax's attention, dropout included
+(Flax's own mask there).
 Extra `einsums` (AQT's einsum overrides) run Flax's attention, with a warning.
 Asking for the attention weights (`module` set, i.e. `sow_weights=True`) is an error: the
 kernels never form them. A causal mask passed as a mask is not a key prefix and so takes
@@ -74,7 +77,7 @@ def dot_product_attention(
     """Flax's `attention_fn` signature: query [..., T, N, H], key/value [..., S, K, H].
 
     Runs jax_flash when the call is one its kernels compute (exactly, or under dropout with
-    its own RNG), Flax's own attention otherwise (see the module docstring). `dtype` casts
+    its own RNG, on the CPU and the GPU), Flax's own attention otherwise (see the module docstring). `dtype` casts
     query/key/value (as Flax does);
     `precision` and `force_fp32_for_softmax` need nothing: the kernels multiply with float32
     accumulation and do the softmax in float32. Extra `einsums` (AQT's einsum overrides)
@@ -97,7 +100,7 @@ def dot_product_attention(
         )
         return flax_attention(query, key, value)
 
-    # What only the CPU kernels take (bias, dropout) rides along to _kernel_attention.
+    # The bias and dropout ride along to _kernel_attention.
     extras = {}
     if bias is not None:
         extras["bias"] = bias
@@ -107,13 +110,13 @@ def dot_product_attention(
         run = functools.partial(_masked_attention, mask=mask, flax_attention=flax_attention, extras=extras)
     else:
         run = functools.partial(_kernel_attention, **extras)
-    if not extras:
+    if bias is None:  # dropout runs in the kernels on every platform
         return run(query, key, value, dtype=dtype, is_causal=is_causal)
 
-    used = [n for n, on in (("bias", bias is not None), ("dropout", dropout_active)) if on]
+    # A Flax bias is not routed to the GPU kernels yet.
     if jax.default_backend() != "cpu":
         warnings.warn(
-            f"jax_flash.flax: {' and '.join(used)} not supported by the GPU kernels yet; lowered for a "
+            "jax_flash.flax: bias not supported by the GPU kernels through this adapter yet; lowered for a "
             "GPU this call runs flax.linen.dot_product_attention (XLA, materialises the attention matrix)",
             JaxFlashFallbackWarning, stacklevel=2,
         )

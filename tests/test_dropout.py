@@ -115,19 +115,23 @@ def test_broadcast_dropout_shares_one_mask():
 # ------------------------------------------------------------- against the float64 reference
 
 
-def check_case(B, T, S, N, K, H, dtype, rate, kw, ref_kw, bias_shape=None, seed=0):
+def check_case(B, T, S, N, K, H, dtype, rate, kw, ref_kw, bias_shape=None, seed=0, broadcast=False,
+               against_cpu=False):
     """jax_flash with dropout against reference.attention with the numpy Philox mask: the 2x
     rule on out, dq, dk, dv (and dbias); lse against the undropped float64 lse. Also: the
-    reference with another key's mask is far off (the comparison can fail)."""
+    reference with another key's mask is far off (the comparison can fail). broadcast: one mask
+    for every batch element and head (broadcast_dropout). against_cpu (for the GPU): the same
+    function on the CPU backend, whose keep decisions are the same, is the reference of a
+    second 2x-rule check (so the two backends differ by rounding only)."""
     q, k, v = random_qkv(seed, B, T, S, N, K, H, dtype)
     bias = None if bias_shape is None else jax.random.normal(jax.random.key(seed + 1), bias_shape, F32)
     do = jax.random.normal(jax.random.key(seed + 2), q.shape, F32).astype(dtype)
     rng = jax.random.key(seed + 3)
-    keep = np_keep(seed_of(rng), B, N, T, S, rate)
+    keep = np_keep(seed_of(rng), B, N, T, S, rate, broadcast)
 
     def ours(q, k, v, bias):
         o, lse = jax_flash.dot_product_attention(q, k, v, bias, return_residual=True, dropout_rate=rate,
-                                                 dropout_rng=rng, **kw)
+                                                 dropout_rng=rng, broadcast_dropout=broadcast, **kw)
         return o, jnp.swapaxes(lse, 1, 2)
 
     def ref(dt, keep):
@@ -147,10 +151,18 @@ def check_case(B, T, S, N, K, H, dtype, rate, kw, ref_kw, bias_shape=None, seed=
         assert not jnp.isnan(a).any(), name
         assert_flash_rule(name, a, b, c, dtype)
     # Another key's mask: the same check fails by a wide margin.
-    other = np_keep(seed_of(jax.random.key(seed + 100)), B, N, T, S, rate)
+    other = np_keep(seed_of(jax.random.key(seed + 100)), B, N, T, S, rate, broadcast)
     o_other, _, g_other = vjp_fn(ref(jnp.float64, other), wb)(*as64(q, k, v, bias, do))
     assert max_err(o, o_other) > 20 * max(max_err(o, o64), 1e-3)
     assert max_err(g[2], g_other[2]) > 20 * max(max_err(g[2], g64[2]), 1e-3)
+    if against_cpu:
+        cpu = jax.devices("cpu")[0]
+        with jax.default_device(cpu):
+            oc, lsec, gc = vjp_fn(ours, wb)(*(None if x is None else jax.device_put(x, cpu)
+                                              for x in (q, k, v, bias, do)))
+        assert max_err(lse, lsec) <= 2e-2 * lse_scale
+        for name, a, b, c in zip(("out", "dq", "dk", "dv", "dbias"), (o, *g), (on, *gn), (oc, *gc)):
+            assert_flash_rule(name + " vs the CPU backend", a, b, c, dtype)
 
 
 # (B, T, S, N, K, H): GQA and odd lengths (not multiples of 4: partial Philox groups).
@@ -404,19 +416,24 @@ def _cuda_custom_calls(fn, *args):
     return re.findall(r"custom_call @(\w+)", exp.mlir_module())
 
 
-def test_gpu_lowering_raises_naming_dropout_with_no_xla_fallback(monkeypatch):
+def test_gpu_lowering_takes_the_portable_kernels():
+    """Lowered for CUDA, dropout runs in jax_flash's kernels, forward and backward, with or
+    without a bias (the CUDA handler sends any call with dropout to the portable kernels, also on
+    Hopper); implementation="hopper" with dropout is an error at lowering, naming it."""
     q, k, v = (x.astype(jnp.bfloat16) for x in _qkv())
     rng = jax.random.key(0)
-    msg = "dropout is not supported by the GPU kernels yet.*no XLA fallback"
-    with pytest.raises(NotImplementedError, match=msg):
-        _cuda_custom_calls(lambda q: jax_flash.flash_attention(q, q, q, dropout_rate=0.1, dropout_rng=rng), q[:, :, 0])
-    # The drop-in does not fall back to XLA for dropout, with or without a bias (which alone would).
     bias = jnp.zeros((1, 4, 33, 37), F32)
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     for b in (None, bias):
-        with pytest.raises(NotImplementedError, match="dropout is not supported by the GPU kernels"):
-            _cuda_custom_calls(lambda q, k, v: jax_flash.dot_product_attention(
-                q, k, v, b, dropout_rate=0.1, dropout_rng=rng), q, k, v)
-    # Rate 0 lowers to the GPU kernels as before.
+        f = lambda q, k, v: jax_flash.dot_product_attention(q, k, v, b, dropout_rate=0.1, dropout_rng=rng)
+        assert _cuda_custom_calls(f, q, k, v) == ["jax_flash_fwd"]
+        loss = lambda q, k, v: jnp.sum(f(q, k, v).astype(F32))
+        assert sorted(_cuda_custom_calls(jax.grad(loss, argnums=(0, 1, 2)), q, k, v)) == ["jax_flash_bwd",
+                                                                                         "jax_flash_fwd"]
+    core = lambda q: jax_flash.flash_attention(q, q, q, causal=True, dropout_rate=0.1, dropout_rng=rng)
+    assert _cuda_custom_calls(core, q[:, :, 0]) == ["jax_flash_fwd"]
+    with pytest.raises(ValueError, match="kernel='hopper' does not take dropout"):
+        _cuda_custom_calls(lambda q, k, v: jax_flash.dot_product_attention(
+            q, k, v, dropout_rate=0.1, dropout_rng=rng, implementation="hopper"), q, k, v)
+    # Rate 0 lowers to the GPU kernels as before (no dropout operand: Hopper stays eligible).
     assert _cuda_custom_calls(lambda q, k, v: jax_flash.dot_product_attention(
-        q, k, v, dropout_rate=0.0, dropout_rng=rng), q, k, v) == ["jax_flash_fwd"]
+        q, k, v, dropout_rate=0.0, dropout_rng=rng, implementation="hopper"), q, k, v) == ["jax_flash_fwd"]

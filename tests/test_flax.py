@@ -1,9 +1,9 @@
 """jax_flash.flax: the attention_fn of Flax's linen and nnx attention modules. Same outputs
 and gradients as the modules' default attention; key-prefix masks (padding, the decode cache)
 run the kernels with lengths, other masks Flax's own attention (chosen on the device); bias
-and active dropout run the CPU kernels (dropout with jax_flash's own mask, checked against
-the numpy Philox of test_dropout.py), Flax's attention when lowered for a GPU; attention
-weights are an error."""
+and active dropout run the kernels (dropout with jax_flash's own mask, checked against the
+numpy Philox of test_dropout.py); lowered for a GPU, dropout runs the kernels and a bias Flax's
+attention; attention weights are an error."""
 
 import re
 import warnings
@@ -253,22 +253,33 @@ def test_bias_with_masks(kernel_runs):
         assert kernel_runs == runs
 
 
-def test_bias_and_dropout_lowered_for_a_gpu_run_flax_attention(monkeypatch):
+def test_bias_lowered_for_a_gpu_runs_flax_attention_dropout_runs_the_kernels(monkeypatch):
+    """A Flax bias is not routed to the GPU kernels yet: lowered for a GPU it runs Flax's attention
+    (with a fallback warning when the default backend is a GPU). Dropout runs in the kernels on
+    both platforms, with no warning."""
     q, k, v = (jax.random.normal(jax.random.key(i), (2, 11, 2, 8), jnp.bfloat16) for i in range(3))
     bias = jnp.zeros((2, 11, 11), jnp.float32)
     rng = jax.random.key(0)
     calls = {
-        "bias": lambda q, k, v: jf.dot_product_attention(q, k, v, bias=bias),
-        "dropout": lambda q, k, v: jf.dot_product_attention(q, k, v, dropout_rng=rng, dropout_rate=0.1),
+        "bias": (lambda q, k, v: jf.dot_product_attention(q, k, v, bias=bias), []),
+        "dropout": (lambda q, k, v: jf.dot_product_attention(q, k, v, dropout_rng=rng, dropout_rate=0.1),
+                    ["jax_flash_fwd"]),
+        "bias_and_dropout": (lambda q, k, v: jf.dot_product_attention(q, k, v, bias=bias, dropout_rng=rng,
+                                                                      dropout_rate=0.1), []),
     }
-    for name, fn in calls.items():
-        for platform, want in (("cuda", []), ("cpu", ["jax_flash_fwd"])):
+    for name, (fn, on_gpu) in calls.items():
+        for platform, want in (("cuda", on_gpu), ("cpu", ["jax_flash_fwd"])):
             exp = jax.export.export(jax.jit(fn), platforms=[platform],
                                     disabled_checks=jax_flash.export_disabled_checks())(q, k, v)
             assert re.findall(r"custom_call @(\w+)", exp.mlir_module()) == want, (name, platform)
         monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-        with pytest.warns(jf.JaxFlashFallbackWarning, match=f"{name} not supported by the GPU kernels"):
-            fn(q, k, v)
+        if on_gpu:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", jf.JaxFlashFallbackWarning)
+                fn(q, k, v)
+        else:
+            with pytest.warns(jf.JaxFlashFallbackWarning, match="bias not supported by the GPU kernels"):
+                fn(q, k, v)
         monkeypatch.undo()
 
 

@@ -1,7 +1,7 @@
 """The GPU kernels (Hopper and portable paths) against the float64 reference under
 FlashAttention's 2x rule, transforms on the GPU, long context and memory; segment ids, bias
-(dbias) and boolean masks against the reference and the CPU backend. Skipped (visibly)
-without a GPU."""
+(dbias), boolean masks and dropout against the reference and the CPU backend (dropout: the
+dropped set bit for bit). Skipped (visibly) without a GPU."""
 
 import os
 import subprocess
@@ -262,3 +262,131 @@ def test_gpu_hopper_kernel_with_extras_raises():
     q, k, v = random_qkv(31, 1, 64, 64, 2, 2, 64, jnp.bfloat16)
     with pytest.raises(ValueError, match="kernel='hopper' does not take bias"):
         jax.jit(lambda q, k, v: jax_flash.dot_product_attention(q, k, v, jnp.zeros((64, 64)), implementation="hopper"))(q, k, v)
+
+
+# ---------------------------------------------------------------------------------- dropout
+#
+# The portable (sm80) kernels, also on Hopper. Their keep decisions are those of the CPU backend
+# (one Philox4x32-10 per (seed, b, h, i, j // 4), cuda/common/philox.h): checked bit for bit
+# against the numpy Philox of test_dropout.py, and outputs / gradients against the float64
+# reference with that mask and against the CPU backend run with the same key.
+
+from test_dropout import check_case as dropout_check_case  # noqa: E402
+from test_dropout import np_keep, seed_of  # noqa: E402
+
+# (B, T, S, N, K, H, rate, drop-in kwargs, reference kwargs, bias shape, broadcast_dropout):
+# causal, GQA, odd T / S (partial 4-column groups), T != S, head dims 64 / 96 / 128 / 256 (and
+# 72, padded), lengths, a bias (dbias under dropout), one mask for every batch and head.
+_KVL = jnp.array([120, 61], jnp.int32)
+DROPOUT_CASES = {
+    "causal_gqa": (2, 67, 67, 4, 2, 64, 0.3, dict(is_causal=True), dict(causal=True), None, False),
+    "mqa_t_ne_s": (2, 129, 300, 4, 1, 128, 0.5, {}, {}, None, False),
+    "causal_t_gt_s_h96": (1, 190, 97, 6, 2, 96, 0.2, dict(is_causal=True), dict(causal=True), None, False),
+    "broadcast": (2, 97, 211, 2, 2, 128, 0.4, {}, {}, None, True),
+    "lengths_bias_h72": (2, 75, 133, 4, 4, 72, 0.3, dict(key_value_seq_lengths=_KVL), dict(kv_lens=_KVL),
+                         (1, 4, 75, 133), False),
+    "h256": (1, 300, 257, 2, 1, 256, 0.25, dict(is_causal=True), dict(causal=True), None, False),
+}
+
+
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("case", list(DROPOUT_CASES))
+def test_gpu_dropout_matches_reference_and_cpu_backend(case, dtype):
+    """out, lse, dq, dk, dv (dbias) under the 2x rule against the float64 reference with the numpy
+    Philox mask, and against the CPU backend with the same key (rounding differences only)."""
+    B, T, S, N, K, H, rate, kw, rkw, bias_shape, broadcast = DROPOUT_CASES[case]
+    dropout_check_case(B, T, S, N, K, H, dtype, rate, kw, rkw, bias_shape=bias_shape, broadcast=broadcast,
+                       seed=zlib.crc32(case.encode()) % 1000, against_cpu=True)
+
+
+def _gpu_keep_masks(B, T, S, N, rate, rng, dtype, broadcast=False):
+    """The kernels' keep masks [B, N, T, S] read off the GPU, from the forward and from the
+    backward (no GQA; H = S >= T). q = 0 makes P uniform: with v = identity, out[b, t, n, s] =
+    keep / (S (1 - rate)); with dO[b, t, n] = e_t, dV[b, s, n, t] = keep[b, n, t, s] / (S (1 - rate)),
+    a single product. Both are exactly 0 where dropped."""
+    q = jnp.zeros((B, T, N, S), dtype)
+    v = jnp.broadcast_to(jnp.eye(S, dtype=dtype)[None, :, None, :], (B, S, N, S))
+    do = jnp.broadcast_to(jnp.eye(T, S, dtype=dtype)[None, :, None, :], (B, T, N, S))
+    f = lambda v: jax_flash.dot_product_attention(q, v, v, dropout_rate=rate, dropout_rng=rng,
+                                                  broadcast_dropout=broadcast)
+
+    def out_and_dv(v, do):  # v also serves as k: dK = scale * dS^T Q = 0 exactly, so this is dV
+        out, vjp = jax.vjp(f, v)
+        return out, vjp(do)[0]
+
+    out, dv = jax.jit(out_and_dv)(v, do)
+    fwd = np.asarray(out, np.float64).transpose(0, 2, 1, 3) * S  # [B, N, T, S]: keep / (1 - rate)
+    bwd = np.asarray(dv, np.float64).transpose(0, 2, 3, 1)[:, :, :T] * S
+    for got in (fwd, bwd):  # exactly 0 or, up to 16-bit rounding, 1 / (1 - rate)
+        np.testing.assert_allclose(got, (got > 0.5) / (1 - rate), rtol=1e-2, atol=0)
+    return fwd > 0.5, bwd > 0.5
+
+
+# (B, T, S, N): the head-dim-256 kernels (S = H = 230: a partial last group, padded to 232) and
+# the 128 ones (126, padded to 128); their forward and backward tiles differ.
+KEEP_SHAPES = [(2, 150, 230, 3), (1, 100, 126, 4)]
+
+
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", KEEP_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("rate", [0.1, 0.5, 0.9])
+def test_gpu_dropout_mask_is_the_philox_mask_with_the_right_rate(rate, shape, dtype):
+    """The dropped set of the GPU forward and backward equals the numpy Philox mask (hence the
+    CPU backend's) bit for bit; the kept fraction, over all and per Philox output word, is within
+    5 sigma of 1 - rate."""
+    B, T, S, N = shape
+    rng = jax.random.key(int(rate * 100) + S)
+    want = np_keep(seed_of(rng), B, N, T, S, rate)
+    fwd, bwd = _gpu_keep_masks(B, T, S, N, rate, rng, dtype)
+    np.testing.assert_array_equal(fwd, want)
+    np.testing.assert_array_equal(bwd, want)
+    sigma = lambda n: np.sqrt(rate * (1 - rate) / n)
+    assert abs(fwd.mean() - (1 - rate)) < 5 * sigma(fwd.size), (fwd.mean(), 1 - rate)
+    for r in range(4):
+        part = fwd[..., r::4]
+        assert abs(part.mean() - (1 - rate)) < 5 * sigma(part.size), (r, part.mean())
+
+
+def test_gpu_broadcast_dropout_mask():
+    B, T, S, N = 2, 40, 72, 3
+    rng = jax.random.key(3)
+    fwd, bwd = _gpu_keep_masks(B, T, S, N, 0.4, rng, jnp.bfloat16, broadcast=True)
+    want = np_keep(seed_of(rng), B, N, T, S, 0.4, broadcast=True)
+    np.testing.assert_array_equal(fwd, want)
+    np.testing.assert_array_equal(bwd, want)
+    np.testing.assert_array_equal(fwd, np.broadcast_to(fwd[:1, :1], fwd.shape))
+
+
+def test_gpu_dropout_vmap_of_grad_and_jit():
+    """Per-example gradients under vmap (a key per example; every operand mapped: the batch fold;
+    q alone mapped: the GQA-group fold in the forward, the batch fold in the backward) equal the
+    per-example calls: the folds keep each example's key and coordinates on the GPU too."""
+    B, T, S, N, K, H = 3, 64, 80, 4, 2, 64
+    q, k, v = random_qkv(41, B, T, S, N, K, H, jnp.bfloat16)
+    keys = jax.random.split(jax.random.key(42), B)
+    loss = lambda q, k, v, rng: jnp.sum(jax_flash.dot_product_attention(
+        q, k, v, is_causal=True, dropout_rate=0.3, dropout_rng=rng).astype(jnp.float32) ** 2)
+    g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+    def close(a, b):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        np.testing.assert_allclose(a, b, atol=2e-2 * max(1.0, float(np.abs(b).max())), rtol=2e-2)
+
+    for in_axes, kv_of in (((0, 0, 0, 0), lambda x, j: x[j]), ((0, None, None, 0), lambda x, j: x[0])):
+        args = (q, k if in_axes[1] == 0 else k[0], v if in_axes[2] == 0 else v[0], keys)
+        got = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1, 2)), in_axes=in_axes))(*args)
+        for j in range(B):
+            want = g(q[j], kv_of(k, j), kv_of(v, j), keys[j])
+            for a, w in zip(got, want):
+                close(a[j], w)
+    # Dropout is on (another key, other gradients) and the same key repeats the same mask.
+    a, b = g(q[0], k[0], v[0], keys[0]), g(q[0], k[0], v[0], keys[1])
+    assert float(jnp.abs(a[2].astype(jnp.float32) - b[2].astype(jnp.float32)).max()) > 0.1
+    close(g(q[0], k[0], v[0], keys[0])[2], a[2])
+
+
+def test_gpu_hopper_kernel_with_dropout_raises():
+    q, k, v = random_qkv(32, 1, 64, 64, 2, 2, 64, jnp.bfloat16)
+    with pytest.raises(ValueError, match="kernel='hopper' does not take dropout"):
+        jax.jit(lambda q, k, v: jax_flash.dot_product_attention(
+            q, k, v, dropout_rate=0.1, dropout_rng=jax.random.key(0), implementation="hopper"))(q, k, v)

@@ -65,7 +65,7 @@ struct FlashFwdParams {
 
   // --- optional element-wise inputs, appended last; nullptr = off. Read by the CPU backend and
   // the sm80 kernels (their kExtras variants); the sm90 kernels do not take them (the CUDA
-  // handlers route calls that have any of them to sm80). ---
+  // handlers route calls that have any of them, dropout included, to sm80: has_extras). ---
   // Packed sequences: key j is visible to query i only if their segment ids are equal.
   const int32_t* q_segment_ids = nullptr;   // [batch, seqlen_q]
   const int32_t* kv_segment_ids = nullptr;  // [batch, seqlen_k]; set iff q_segment_ids is
@@ -127,6 +127,12 @@ struct FlashBwdParams : FlashFwdParams {
   float* dbias = nullptr;
   int64_t dbias_batch_stride = 0, dbias_head_stride = 0, dbias_row_stride = 0, dbias_col_stride = 0;
 };
+
+// Whether a call has any optional input (segment ids, bias, mask, dropout): the GPU runs such
+// calls on the sm80 kernels' kExtras variants (the sm90 kernels take none of them).
+JF_HOST_DEVICE bool has_extras(const FlashFwdParams& p) {
+  return p.q_segment_ids != nullptr || p.bias != nullptr || p.mask != nullptr || p.dropout_keys != nullptr;
+}
 
 // Shape of the GPU dQ accumulator workspace, [batch, heads_q, rows, cols] float32.
 // Python mirrors this (jax_flash/_primitives.py) to size the FFI output buffer.

@@ -12,7 +12,8 @@
 //   counter = (j / 4, i, h, b)              one uint32 each, in Philox word order c0..c3
 //   word r of the output decides column j = 4 * (j / 4) + r
 // so one Philox call gives the decisions of 4 adjacent key columns (a GPU thread's MMA
-// fragment holds adjacent column pairs, a CPU row is contiguous).
+// fragment holds adjacent column pairs: two lanes share each call, sm80/extras_sm80.h; a CPU
+// row is contiguous).
 // Element kept iff word >= threshold, threshold = round(rate * 2^32) (computed once, in
 // double, by dropout_threshold), so P(drop) = threshold / 2^32 = rate to within 2^-33; kept
 // values are scaled by 1 / (1 - rate). b and h are the per-(batch, head) counter coordinates of
@@ -80,6 +81,10 @@ struct HeadDropout {
     return uint32_t(w[0] >= threshold) | uint32_t(w[1] >= threshold) << 1 | uint32_t(w[2] >= threshold) << 2 |
            uint32_t(w[3] >= threshold) << 3;
   }
+
+  // The keep bits of columns j and j + 1 (j even, bit 0 = column j) out of keep4(i, j / 4): a
+  // GPU thread's MMA accumulator holds such column pairs, half of one Philox call each.
+  static JF_HOST_DEVICE uint32_t pair_bits(uint32_t keep4_bits, int64_t j) { return keep4_bits >> (j & 2) & 3u; }
 
   // s[0, n) holds columns [j0, j0 + n) of row i: dropped ones become 0, kept ones are multiplied
   // by kept_scale (1 / (1 - rate), or 1 where the caller folds the scale in later).

@@ -1,8 +1,8 @@
 // XLA FFI handlers of the CUDA backend: decode, fill params, pick a kernel family, launch
 // on XLA's stream. No synchronisation and no allocation (workspaces are extra FFI
 // outputs), so the handlers are marked CUDA-graph compatible.
-// The optional inputs (segment ids, bias, mask) and dbias are implemented by the portable
-// sm80 kernels only: a call that has any of them runs those, also on Hopper.
+// The optional inputs (segment ids, bias, mask, dropout) and dbias are implemented by the
+// portable sm80 kernels only: a call that has any of them runs those, also on Hopper.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -38,14 +38,6 @@ ffi::Error check_gpu_supported(const FlashFwdParams& p) {
   return ffi::Error::Success();
 }
 
-// Python refuses dropout on the GPU at lowering; this keeps a hand-built call from silently
-// running without it.
-ffi::Error check_no_dropout(const FlashAttrs& a) {
-  if (a.dropout_rate > 0.0)
-    return ffi::Error::InvalidArgument("jax_flash: dropout is not supported by the GPU kernels yet");
-  return ffi::Error::Success();
-}
-
 // True when the Hopper kernels should run (and were built).
 bool want_hopper(int32_t kernel) {
 #ifdef JAX_FLASH_WITH_SM90
@@ -64,15 +56,14 @@ ffi::Error check_kernel_built(int32_t kernel) {
   return ffi::Error::Success();
 }
 
-bool has_extras(const FlashFwdParams& p) { return p.q_segment_ids || p.bias || p.mask; }
-
-// The Hopper kernels do not read the optional inputs: kernel='hopper' with them is an error
-// (Python raises it first, at lowering); kernel='auto' runs the portable kernels instead.
+// The Hopper kernels do not read the optional inputs (has_extras, flash_params.h): kernel='hopper'
+// with them is an error (Python raises it first, at lowering); kernel='auto' runs the portable
+// kernels instead.
 ffi::Error check_extras_kernel(const FlashFwdParams& p, int32_t kernel) {
   if (has_extras(p) && kernel == kHopper)
     return ffi::Error::InvalidArgument(
-        "jax_flash: kernel='hopper' does not take segment ids, bias or mask (only the portable sm80 kernels "
-        "do); use kernel='auto' or 'portable'");
+        "jax_flash: kernel='hopper' does not take segment ids, bias, mask or dropout (only the portable sm80 "
+        "kernels do); use kernel='auto' or 'portable'");
   return ffi::Error::Success();
 }
 
@@ -89,7 +80,6 @@ ffi::Error FwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.lse = static_cast<float*>(lse->untyped_data());
   p.tile_counter = static_cast<int32_t*>(tile_counter->untyped_data());
   if (auto e = check_kernel_built(attrs.kernel); e.failure()) return e;
-  if (auto e = check_no_dropout(attrs); e.failure()) return e;
   if (auto e = check_extras_kernel(p, attrs.kernel); e.failure()) return e;
 #ifdef JAX_FLASH_WITH_SM90
   if (want_hopper(attrs.kernel) && !has_extras(p)) {
@@ -128,7 +118,6 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.dq_semaphore = static_cast<int*>(dq_semaphore->untyped_data());
   p.dq_accum = static_cast<float*>(dq_accum->untyped_data());
   if (auto e = check_kernel_built(attrs.kernel); e.failure()) return e;
-  if (auto e = check_no_dropout(attrs); e.failure()) return e;
   if (auto e = check_extras_kernel(p, attrs.kernel); e.failure()) return e;
 #ifdef JAX_FLASH_WITH_SM90
   // The Hopper backward covers head dims that are multiples of 8 up to 256 except 129..192

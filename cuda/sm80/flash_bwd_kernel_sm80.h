@@ -10,6 +10,11 @@
 // hdim-128 kernel): segment ids skip tiles of disjoint segments, the boolean mask is applied
 // element-wise, the bias enters P = exp(logit + bias - lse), and dS (before the softcap chain
 // rule) is summed into the float32 dbias (zeroed by the launcher) over the bias's broadcast axes.
+// Dropout (Z = keep / (1 - rate), the forward's keep bits recomputed from the same Philox
+// counters): dS = P o (Z o dP - D), with D = rowsum(dO o O) of the dropped O as always, and
+// dV = (P o Z)^T dO. The tile's keep bits are computed once and applied twice: to dP (with the
+// scale) before dS, and to P (without) before its 16-bit copy for the dV MMA; dV's 1 / (1 - rate)
+// is applied once in the epilogue, so P o keep stays in [0, 1] in 16 bits for any rate.
 #pragma once
 
 #include "../common/flash_params.h"
@@ -222,6 +227,7 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_bwd_dkdv_kernel(const Fla
   const float pre_tanh = softcap_on ? p.scale / p.softcap : 1.f;
   // Segment ids / boolean mask (uniform flag). The segment-id range of this CTA's keys is fixed.
   const bool elem_on = kExtras && (p.q_segment_ids != nullptr || p.mask != nullptr);
+  const bool dropout_on = kExtras && p.dropout_keys != nullptr;
   int32_t kseg_lo = 0, kseg_hi = 0;
   if (kExtras && p.q_segment_ids)
     warp_id_range(p.kv_segment_ids + b * p.kv_seg_batch_stride, col0, min(col0 + kBlockN, mask.kv_len), kseg_lo, kseg_hi);
@@ -287,6 +293,20 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_bwd_dkdv_kernel(const Fla
       if (elem_on) apply_mask_elem(s_rc, tScS_rc, mask, make_elem_mask(p, b, h), row0, col0);
       else apply_mask(s_rc, tScS_rc, mask, row0, col0);
     }
+    // Dropout: dP -> Z o dP (dS below then is P o (Z o dP - D)); the q head's own key table entry.
+    // The tile's keep bits fit one register: row mi's at bit mi * kCols.
+    constexpr int kCols = decltype(size<1>(s_rc))::value;
+    static_assert(kRows * kCols <= 32, "one bit per element of the thread's tile");
+    uint32_t keep = 0;
+    if (dropout_on) {
+      const HeadDropout drop = make_head_dropout(p, b, h);
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        const uint32_t row_bits = dropout_keep_row(drop, tScS_rc, mi, row0, col0);
+        drop_row(dp_rc, mi, row_bits, p.dropout_scale);
+        keep |= row_bits << (mi * kCols);
+      }
+    }
     if (!kExtras || p.bias == nullptr) {
       CUTE_UNROLL
       for (int mi = 0; mi < kRows; ++mi) {
@@ -306,6 +326,10 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_bwd_dkdv_kernel(const Fla
       DbiasTile<kRows, decltype(size<1>(s_rc))::value> dbias(p, b, h);
       bias_probs_grads(s_rc, dp_rc, tScS_rc, make_bias_view(p, b, h), dbias, row0, col0, p.seqlen_q - row0,
                        p.seqlen_k - col0, scale_log2, lse_l2, dsum_r, softcap_on);
+    }
+    if (dropout_on) {  // P -> P o keep for dV (its 1 / (1 - rate) comes in the epilogue)
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) drop_row(s_rc, mi, keep >> (mi * kCols));
     }
     Tensor rP = convert_type<Element>(acc_s);
     Tensor rdS = convert_type<Element>(acc_dp);
@@ -328,11 +352,16 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_bwd_dkdv_kernel(const Fla
     }
   }
 
-  // --- epilogue: dK = scale * sum dS^T Q, dV; registers -> smem (K/V tiles) -> global ---
+  // --- epilogue: dK = scale * sum dS^T Q, dV (times 1 / (1 - rate) under dropout);
+  // registers -> smem (K/V tiles) -> global ---
   cute::cp_async_wait<0>();
   __syncthreads();
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
+  if (dropout_on) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dv); ++i) acc_dv(i) *= p.dropout_scale;
+  }
   Tensor rdK = convert_type<Element>(acc_dk);
   Tensor rdV = convert_type<Element>(acc_dv);
   auto r2s_dkv = make_tiled_copy_C(typename Kt::SmemCopyAtomC{}, mma_dkv);

@@ -5,7 +5,11 @@
 // Optional inputs (extras_sm80.h), in the kExtras instantiation only: segment ids classify
 // each tile (disjoint segments: the tile's MMAs and softmax are skipped); the boolean mask is
 // applied on every tile; the bias turns the logits into natural-log units (s * scale + bias) on
-// every tile. A compile-time variant, unlike the backward: the forward without extras uses
+// every tile; dropout zeroes the dropped probabilities of every tile after they entered the row
+// sums (lse and the normaliser are those of the undropped softmax), in the 16-bit P of the
+// P V MMA (zeroing commutes with the rounding; the float32 tile is dead by then, which saves
+// registers), and 1 / (1 - rate) is folded into the final 1 / l, as the CPU backend does.
+// A compile-time variant, unlike the backward: the forward without extras uses
 // 248-254 registers, and runtime-flagged extras code made ptxas spill in it. The kExtras
 // variant is only instantiated with kSoftcap = false and tests softcap at runtime, so the
 // extras add one kernel per instantiation file, not two.
@@ -131,6 +135,7 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_fwd_kernel(const FlashFwd
   const float pre_tanh = softcap_on ? p.scale / p.softcap : 1.f;
   // With a bias the logits are converted to natural-log units before the softmax.
   const bool has_bias = kExtras && p.bias != nullptr;
+  const bool dropout_on = kExtras && p.dropout_keys != nullptr;
 
   // No lambdas here: nvcc would outline them and pass the accumulators through local memory.
   for (; n >= n_min; --n) {
@@ -185,13 +190,17 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_fwd_kernel(const FlashFwd
       softmax.update(s_rc, acc_o_rc, has_bias ? kLog2e : scale_log2);
 
       Tensor rP = convert_type<Element>(acc_s);
+      if (dropout_on) {  // on the 16-bit P: acc_s is dead by now (fewer live registers)
+        Tensor rP_rc = make_tensor(rP.data(), rowcol_layout(rP.layout()));
+        apply_dropout(rP_rc, tScS_rc, make_head_dropout(p, b, h), row0, col0);
+      }
       Tensor tOrP = make_tensor(rP.data(), acc_to_a_layout(rP.layout()));
       gemm_rs(acc_o, tOrP, tOrVt, tOsVt, mma, s2r_v, s2r_v_thr);
     }
   }
 
   float lse[kRows];
-  softmax.finalize(acc_o_rc, has_bias ? 1.f : scale_nat, lse);
+  softmax.finalize(acc_o_rc, has_bias ? 1.f : scale_nat, lse, dropout_on ? p.dropout_scale : 1.f);
 
   // Epilogue: registers -> smem (reusing Q) -> 16-byte global stores.
   Tensor rO = convert_type<Element>(acc_o);

@@ -22,8 +22,8 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0) return cudaSuccess;
   const dim3 grid((p.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM, p.heads_q, p.batch);
   cudaError_t err = cudaSuccess;
-  if (p.q_segment_ids || p.bias || p.mask) {
-    // Segment ids / bias / mask: one variant, softcap tested at runtime (flash_fwd_kernel_sm80.h).
+  if (has_extras(p)) {
+    // Segment ids / bias / mask / dropout: one variant, softcap tested at runtime (flash_fwd_kernel_sm80.h).
     auto kernel = &flash_fwd_kernel<Kt, false, true>;
     err = set_smem(kernel, Kt::kSmemSize);
     if (err == cudaSuccess) kernel<<<grid, Kt::kNThreads, Kt::kSmemSize, stream>>>(p);
@@ -74,7 +74,7 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
         kernel<<<dim3(n_blocks, p.heads_kv, p.batch), Kt::kNThreads, Kt::kSmemSize, stream>>>(p, 0, acc_rows, acc_cols);
       }
     };
-    if (p.q_segment_ids || p.bias || p.mask) {
+    if (has_extras(p)) {
       launch(&flash_bwd_dkdv_kernel<Kt, false, true>);  // softcap tested at runtime
     } else {
       JF_BOOL_SWITCH(p.softcap > 0.f, kSoftcap, [&] { launch(&flash_bwd_dkdv_kernel<Kt, kSoftcap, false>); });

@@ -80,14 +80,15 @@ struct OnlineSoftmax {
     }
   }
 
-  // Normalise o; lse_out[mi] = natural-log logsumexp (scale_nat: logit units per max unit).
+  // Normalise o (times o_scale: dropout's 1 / (1 - rate)); lse_out[mi] = natural-log logsumexp
+  // (scale_nat: logit units per max unit).
   template <typename O>
-  __device__ __forceinline__ void finalize(O& o, float scale_nat, float* lse_out) {
+  __device__ __forceinline__ void finalize(O& o, float scale_nat, float* lse_out, float o_scale = 1.f) {
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
       const float sum = quad_sum(row_sum[mi]);
       const bool empty = !(sum > 0.f);  // no visible key (or NaN input): out = 0, lse = -inf
-      const float inv = empty ? 0.f : 1.f / sum;
+      const float inv = empty ? 0.f : o_scale / sum;
       lse_out[mi] = empty ? -INFINITY : row_max[mi] * scale_nat + logf(sum);
       CUTE_UNROLL
       for (int di = 0; di < size<1>(o); ++di) o(mi, di) *= inv;

@@ -8,7 +8,10 @@
 // Optional inputs: segment ids (sorted = packed, or unsorted), an additive bias (float32 or the
 // input dtype; full or broadcast over any axes, with dbias checked by the same rule) and a
 // boolean mask (broadcast; some rows fully masked), combined with causal / GQA / lengths.
+// Dropout: the host reference drops with common/philox.h's HeadDropout (the CPU backend's
+// code), so a kernel that keeps a different element set fails the rule by a wide margin.
 //   test_sm80 --extras   only the optional-input cases
+//   test_sm80 --dropout  only the dropout cases (then benchmarks with and without dropout)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -25,6 +28,7 @@
 #include <atomic>
 
 #include "../../common/mask.h"
+#include "../../common/philox.h"
 #include "../flash_sm80.h"
 
 #include "../../common/harness_util.h"
@@ -48,6 +52,8 @@ struct Case {
   int bias = -1;       // -1 none, else a bitmask of the bias's full axes (1 batch, 2 heads, 4 rows, 8 keys)
   bool bias_f32 = true;  // bias dtype: float32, or the input dtype
   int mask = -1;       // -1 none, else the mask's full axes, as for the bias
+  float drop = 0.f;    // dropout rate; 0 = off
+  bool drop_bcast = false;  // one mask for every (batch, head): counter coordinates (0, 0)
   std::string name() const {
     char buf[300], ex[120] = "";
     auto axes = [](int a) {
@@ -59,6 +65,7 @@ struct Case {
     if (seg) e += seg == 1 ? " seg" : " seg-unsorted";
     if (bias >= 0) e += " bias[" + axes(bias) + (bias_f32 ? "]f32" : "]");
     if (mask >= 0) e += " mask[" + axes(mask) + "]";
+    if (drop > 0) e += " dropout" + std::to_string(drop).substr(0, 4) + (drop_bcast ? "-bcast" : "");
     snprintf(ex, sizeof ex, "%s", e.c_str());
     snprintf(buf, sizeof buf, "%s H%-3d T%-4d S%-4d B%d N%d/%d%s%s%s%s%s%s", bf16 ? "bf16" : "fp16", H, T, S, B, Nq, Nkv,
              causal ? (br ? " causal-br" : " causal") : "", (wl >= 0 || (wr >= 0 && !causal)) ? " window" : "",
@@ -90,6 +97,7 @@ struct Extras {
   std::vector<float> bias32;
   std::vector<uint8_t> mask;
   Bcast bshape, mshape;
+  std::vector<uint32_t> dkeys;        // dropout key table [B, Nq, 4] (FlashFwdParams::dropout_keys)
 };
 
 struct Result { std::vector<double> o, lse, dq, dk, dv, dbias; };
@@ -132,10 +140,19 @@ static void reference(const Case& c, const FlashFwdParams& p, const Extras& X, c
         R.lse[size_t(bh) * T + i] = mx + std::log(sum);
         for (int j = 0; j < S; ++j) Prow[j] = s[j] == -INFINITY ? 0 : r(std::exp(s[j] - mx) / sum);
       }
+      // Dropout: z = 1 / (1 - rate) where kept, 0 where dropped (the shared HeadDropout).
+      std::vector<double> z(S, 1.0);
+      if (c.drop > 0) {
+        std::vector<float> keep(S, 1.f);
+        make_head_dropout(p, b, h).apply_row(keep.data(), i, 0, S, 1.f);
+        for (int j = 0; j < S; ++j) z[j] = keep[j] * (1.0 / (1.0 - double(c.drop)));
+      }
+      std::vector<double> pz(S);  // P o Z: what meets V and dO
+      for (int j = 0; j < S; ++j) pz[j] = c.drop > 0 ? r(Prow[j] * z[j]) : Prow[j];
       double D = 0;
       for (int d = 0; d < H; ++d) {
         double acc = 0;
-        for (int j = 0; j < S; ++j) acc += Prow[j] * v[ki(b, j, hk) + d];
+        for (int j = 0; j < S; ++j) acc += pz[j] * v[ki(b, j, hk) + d];
         R.o[qi(b, i, h) + d] = r(acc);
         D += r(acc) * dO[qi(b, i, h) + d];
       }
@@ -144,7 +161,7 @@ static void reference(const Case& c, const FlashFwdParams& p, const Extras& X, c
         if (Prow[j] == 0) continue;
         double dp = 0;
         for (int d = 0; d < H; ++d) dp += dO[qi(b, i, h) + d] * v[ki(b, j, hk) + d];
-        double ds = r(Prow[j] * (r(dp) - D));
+        double ds = r(Prow[j] * (r(dp) * z[j] - D));
         if (c.bias >= 0) dSb[(size_t(bh) * T + i) * S + j] = ds;
         if (c.softcap > 0) ds = r(ds * (1 - t[j] * t[j]));
         dSrow[j] = ds;
@@ -154,6 +171,7 @@ static void reference(const Case& c, const FlashFwdParams& p, const Extras& X, c
         for (int j = 0; j < S; ++j) acc += dSrow[j] * k[ki(b, j, hk) + d];
         R.dq[qi(b, i, h) + d] = r(acc * scale);
       }
+      for (int j = 0; j < S; ++j) Prow[j] = pz[j];  // dV = (P o Z)^T dO
     });
   parallel_for(B * Nkv * S, [&](int idx) {
       const int bk = idx / S, j = idx % S;
@@ -189,6 +207,7 @@ struct Dev {
   void* bias = nullptr;
   uint8_t* mask = nullptr;
   float* dbias = nullptr;
+  uint32_t* dkeys = nullptr;
 };
 
 static void fill_params(const Case& c, const Dev& d, FlashBwdParams& p) {
@@ -230,6 +249,25 @@ static void fill_params(const Case& c, const Dev& d, FlashBwdParams& p) {
     p.mask = d.mask;
     p.mask_batch_stride = ms.st[0]; p.mask_head_stride = ms.st[1]; p.mask_row_stride = ms.st[2]; p.mask_col_stride = ms.st[3];
   }
+  if (c.drop > 0) {  // as fill_extra_params (cuda/ffi/ffi_params.h)
+    p.dropout_keys = d.dkeys;
+    p.dropout_batch_stride = int64_t(c.Nq) * 4; p.dropout_head_stride = 4;
+    p.dropout_rate = c.drop;
+    p.dropout_threshold = dropout_threshold(c.drop);
+    p.dropout_scale = float(1.0 / (1.0 - double(c.drop)));
+  }
+}
+
+// The dropout key table of a call: one random 64-bit seed, coordinates (b, h) or (0, 0).
+static std::vector<uint32_t> dropout_keys(const Case& c, std::mt19937& rng) {
+  std::vector<uint32_t> t(size_t(c.B) * c.Nq * 4);
+  const uint32_t lo = rng(), hi = rng();
+  for (int b = 0; b < c.B; ++b)
+    for (int h = 0; h < c.Nq; ++h) {
+      uint32_t* e = &t[(size_t(b) * c.Nq + h) * 4];
+      e[0] = lo; e[1] = hi; e[2] = c.drop_bcast ? 0 : b; e[3] = c.drop_bcast ? 0 : h;
+    }
+  return t;
 }
 
 static std::vector<float> d2h16(void* dptr, size_t n) {
@@ -322,6 +360,11 @@ static bool run_case(const Case& c, std::mt19937& rng) {
     CK(cudaMalloc(&d.mask, X.mshape.n));
     CK(cudaMemcpy(d.mask, X.mask.data(), X.mshape.n, cudaMemcpyHostToDevice));
   }
+  if (c.drop > 0) {
+    X.dkeys = dropout_keys(c, rng);
+    CK(cudaMalloc(&d.dkeys, X.dkeys.size() * 4));
+    CK(cudaMemcpy(d.dkeys, X.dkeys.data(), X.dkeys.size() * 4, cudaMemcpyHostToDevice));
+  }
   // Poison outputs and workspaces so unwritten elements show up.
   CK(cudaMemset(d.o, 0xff, nq * 2)); CK(cudaMemset(d.dq, 0xff, nq * 2)); CK(cudaMemset(d.dk, 0xff, nk * 2));
   CK(cudaMemset(d.dv, 0xff, nk * 2)); CK(cudaMemset(d.lse, 0xff, nl * 4)); CK(cudaMemset(d.dqacc, 0xff, nacc * 4));
@@ -349,6 +392,7 @@ static bool run_case(const Case& c, std::mt19937& rng) {
 
   // Host copies of the lengths for the reference mask.
   FlashFwdParams hp = p; hp.q_lens = c.lens ? qlens.data() : nullptr; hp.kv_lens = c.lens ? kvlens.data() : nullptr;
+  hp.dropout_keys = c.drop > 0 ? X.dkeys.data() : nullptr;
   Result ref, naive;
   reference(c, hp, X, q, k, v, dO, false, ref);
   reference(c, hp, X, q, k, v, dO, true, naive);
@@ -370,12 +414,12 @@ static bool run_case(const Case& c, std::mt19937& rng) {
   fflush(stdout);
   cudaFree(d.q); cudaFree(d.k); cudaFree(d.v); cudaFree(d.o); cudaFree(d.dO); cudaFree(d.dq); cudaFree(d.dk); cudaFree(d.dv);
   cudaFree(d.lse); cudaFree(d.dsum); cudaFree(d.dqacc); cudaFree(d.qlens); cudaFree(d.kvlens);
-  cudaFree(d.qseg); cudaFree(d.kvseg); cudaFree(d.bias); cudaFree(d.mask); cudaFree(d.dbias);
+  cudaFree(d.qseg); cudaFree(d.kvseg); cudaFree(d.bias); cudaFree(d.mask); cudaFree(d.dbias); cudaFree(d.dkeys);
   return ok;
 }
 
-static void bench(int B, int T, int N, int H, bool causal, bool bf16) {
-  Case c; c.bf16 = bf16; c.B = B; c.T = T; c.S = T; c.Nq = N; c.Nkv = N; c.H = H; c.causal = causal;
+static void bench(int B, int T, int N, int H, bool causal, bool bf16, float drop = 0.f) {
+  Case c; c.bf16 = bf16; c.B = B; c.T = T; c.S = T; c.Nq = N; c.Nkv = N; c.H = H; c.causal = causal; c.drop = drop;
   const size_t n = size_t(B) * T * N * H, nl = size_t(B) * N * T;
   Dev d;
   CK(cudaMalloc(&d.q, n * 2)); CK(cudaMalloc(&d.k, n * 2)); CK(cudaMalloc(&d.v, n * 2)); CK(cudaMalloc(&d.o, n * 2));
@@ -386,6 +430,11 @@ static void bench(int B, int T, int N, int H, bool causal, bool bf16) {
   std::vector<uint16_t> h(n); std::mt19937 rng(1); std::normal_distribution<float> nd(0.f, 1.f);
   for (auto* ptr : {d.q, d.k, d.v, d.dO}) { for (auto& x : h) x = f2h(nd(rng)); CK(cudaMemcpy(ptr, h.data(), n * 2, cudaMemcpyHostToDevice)); }
   d.qlens = d.kvlens = nullptr;
+  if (drop > 0) {
+    const std::vector<uint32_t> keys = dropout_keys(c, rng);
+    CK(cudaMalloc(&d.dkeys, keys.size() * 4));
+    CK(cudaMemcpy(d.dkeys, keys.data(), keys.size() * 4, cudaMemcpyHostToDevice));
+  }
   FlashBwdParams p; fill_params(c, d, p);
   cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
   auto time_it = [&](auto fn) {
@@ -402,20 +451,21 @@ static void bench(int B, int T, int N, int H, bool causal, bool bf16) {
   float tb = time_it([&] { return flash_bwd_sm80(p, 0); });
   p.deterministic = true;
   float td = time_it([&] { return flash_bwd_sm80(p, 0); });
-  printf("bench %s B%-2d T=S=%-5d N%-2d H%d %-7s fwd %7.3f ms %6.1f TFLOP/s | bwd %7.3f ms %6.1f TFLOP/s | bwd-det %7.3f ms %6.1f TFLOP/s\n",
-         bf16 ? "bf16" : "fp16", B, T, N, H, causal ? "causal" : "full", tf, flops / tf / 1e9, tb, 2.5 * flops / tb / 1e9,
-         td, 2.5 * flops / td / 1e9);
+  printf("bench %s B%-2d T=S=%-5d N%-2d H%d %-7s%s fwd %7.3f ms %6.1f TFLOP/s | bwd %7.3f ms %6.1f TFLOP/s | bwd-det %7.3f ms %6.1f TFLOP/s\n",
+         bf16 ? "bf16" : "fp16", B, T, N, H, causal ? "causal" : "full", drop > 0 ? " dropout" : "", tf, flops / tf / 1e9, tb,
+         2.5 * flops / tb / 1e9, td, 2.5 * flops / td / 1e9);
   fflush(stdout);
   cudaFree(d.q); cudaFree(d.k); cudaFree(d.v); cudaFree(d.o); cudaFree(d.dO); cudaFree(d.dq); cudaFree(d.dk); cudaFree(d.dv);
-  cudaFree(d.lse); cudaFree(d.dsum); cudaFree(d.dqacc);
+  cudaFree(d.lse); cudaFree(d.dsum); cudaFree(d.dqacc); cudaFree(d.dkeys);
 }
 
 int main(int argc, char** argv) {
-  bool small = false, bench_only = false, extras_only = false;
+  bool small = false, bench_only = false, extras_only = false, dropout_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--small")) small = true;
     if (!strcmp(argv[i], "--bench")) bench_only = true;
     if (!strcmp(argv[i], "--extras")) extras_only = true;
+    if (!strcmp(argv[i], "--dropout")) dropout_only = true;
   }
   std::vector<Case> cases;
   auto add = [&](Case c) { cases.push_back(c); };
@@ -441,6 +491,21 @@ int main(int argc, char** argv) {
     c = Case(); c.bf16 = bf; c.H = H; c.B = 2; c.T = 300; c.S = 400; c.Nq = 4; c.Nkv = 2; c.causal = true; c.det = true;
     c.bias = kFull; c.mask = kT | kS; add(c);                                        // deterministic with a full bias
   };
+  // Dropout, alone and with causal / GQA / lengths / window / softcap / broadcast masks / the
+  // other optional inputs (dbias under dropout); odd lengths leave partial 4-column groups.
+  auto add_dropout = [&](bool bf, int H) {
+    Case c; c.bf16 = bf; c.H = H; c.B = 2; c.T = 300; c.S = 300; c.Nq = 4; c.Nkv = 2; c.causal = true; c.drop = 0.3f;
+    add(c);                                                                          // causal, GQA 2:1
+    c = Case(); c.bf16 = bf; c.H = H; c.T = 97; c.S = 230; c.drop = 0.5f; add(c);   // T != S, odd
+    c = Case(); c.bf16 = bf; c.H = H; c.B = 3; c.T = 257; c.S = 190; c.Nq = 4; c.Nkv = 1; c.lens = true; c.causal = true;
+    c.br = true; c.drop = 0.7f; add(c);                                              // lengths, GQA 4:1, bottom-right
+    c = Case(); c.bf16 = bf; c.H = H; c.B = 2; c.T = 129; c.S = 333; c.Nq = 3; c.Nkv = 3; c.wl = 50; c.wr = 10;
+    c.softcap = 20.f; c.drop = 0.2f; c.drop_bcast = true; add(c);                    // window, softcap, one mask
+    c = Case(); c.bf16 = bf; c.H = H; c.B = 2; c.T = 200; c.S = 211; c.Nq = 4; c.Nkv = 2; c.causal = true; c.seg = 1;
+    c.mask = 4 | 8; c.bias = 2 | 4 | 8; c.bias_f32 = false; c.drop = 0.25f; add(c);  // with every other extra
+    c = Case(); c.bf16 = bf; c.H = H; c.B = 2; c.T = 300; c.S = 400; c.Nq = 4; c.Nkv = 2; c.causal = true; c.det = true;
+    c.drop = 0.4f; add(c);                                                           // deterministic: bit-equal
+  };
   if (small) {
     Case c; c.H = 64; c.T = 97; c.S = 130; add(c);
     c.causal = true; c.br = true; c.lens = true; c.B = 3; c.Nq = 4; c.Nkv = 1; add(c);
@@ -448,6 +513,12 @@ int main(int argc, char** argv) {
     c = Case(); c.H = 128; c.T = 130; c.S = 70; c.bf16 = false; c.causal = true; add(c);
     c = Case(); c.H = 64; c.B = 2; c.T = 97; c.S = 130; c.Nq = 4; c.Nkv = 2; c.causal = true; c.lens = true; c.seg = 1;
     c.bias = 1 | 4 | 8; c.mask = 8; add(c);
+    c = Case(); c.H = 128; c.B = 2; c.T = 97; c.S = 130; c.Nq = 4; c.Nkv = 2; c.causal = true; c.drop = 0.3f; add(c);
+  } else if (dropout_only) {
+    for (int bf = 1; bf >= 0; --bf)
+      for (int H : {64, 128}) add_dropout(bf, H);
+    add_dropout(true, 256);
+    add_dropout(true, 80);  // padded onto the 128 kernel
   } else if (extras_only) {
     for (int bf = 1; bf >= 0; --bf)
       for (int H : {64, 128}) add_extras(bf, H);
@@ -483,11 +554,21 @@ int main(int argc, char** argv) {
     for (int bf = 1; bf >= 0; --bf)
       for (int H : {64, 128}) add_extras(bf, H);
     add_extras(true, 256);
+    for (int bf = 1; bf >= 0; --bf)
+      for (int H : {64, 128}) add_dropout(bf, H);
+    add_dropout(true, 256);
   }
   int fails = 0;
   std::mt19937 rng(1234);
   for (auto& c : cases) fails += !run_case(c, rng);
-  if (!small && !extras_only) {
+  if (dropout_only) {  // the cost of dropout (the kExtras kernels + one Philox call per 4 elements)
+    bench(4, 4096, 16, 128, false, true);
+    bench(4, 4096, 16, 128, false, true, 0.1f);
+    bench(4, 4096, 16, 128, true, true);
+    bench(4, 4096, 16, 128, true, true, 0.1f);
+    bench(8, 2048, 32, 64, false, true, 0.1f);
+  }
+  if (!small && !extras_only && !dropout_only) {
     bench(4, 4096, 16, 128, false, true);
     bench(4, 4096, 16, 128, true, true);
     bench(2, 8192, 16, 128, false, true);
