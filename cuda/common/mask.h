@@ -195,11 +195,20 @@ JF_HOST_DEVICE BiasView make_bias_view(const FlashFwdParams& p, int b, int h) {
   return v;
 }
 
+// The dbias buffer's own extents: the bias's shape, 1 along each broadcast (stride-0) axis.
+struct DbiasExtents {
+  int batch, heads;
+  int64_t rows, cols;
+  JF_HOST_DEVICE explicit DbiasExtents(const FlashBwdParams& p)
+      : batch(p.dbias_batch_stride ? p.batch : 1),
+        heads(p.dbias_head_stride ? p.heads_q : 1),
+        rows(p.dbias_row_stride ? p.seqlen_q : 1),
+        cols(p.dbias_col_stride ? p.seqlen_k : 1) {}
+  JF_HOST_DEVICE int64_t elements() const { return int64_t(batch) * heads * rows * cols; }
+};
+
 // Elements of the (broadcast-shaped) float32 dbias buffer: what is zeroed before the sum.
-JF_HOST_DEVICE int64_t dbias_elements(const FlashBwdParams& p) {
-  return (p.dbias_batch_stride ? int64_t(p.batch) : 1) * (p.dbias_head_stride ? int64_t(p.heads_q) : 1) *
-         (p.dbias_row_stride ? int64_t(p.seqlen_q) : 1) * (p.dbias_col_stride ? int64_t(p.seqlen_k) : 1);
-}
+JF_HOST_DEVICE int64_t dbias_elements(const FlashBwdParams& p) { return DbiasExtents(p).elements(); }
 
 // True when two (batch, kv head) work items of a backward that owns one kv head per item
 // would add into the same dbias element (the bias is broadcast across them), so dbias must be

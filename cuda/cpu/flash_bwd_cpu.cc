@@ -99,17 +99,6 @@ void row_dsum(const FlashBwdParams& p, int b, int h, float* o_row, float* do_row
   }
 }
 
-// The dbias buffer's own extents: the bias's shape, 1 along each broadcast (stride-0) axis.
-struct DbiasExtents {
-  int batch, heads;
-  int64_t rows, cols;
-  explicit DbiasExtents(const FlashBwdParams& p)
-      : batch(p.dbias_batch_stride ? p.batch : 1),
-        heads(p.dbias_head_stride ? p.heads_q : 1),
-        rows(p.dbias_row_stride ? p.seqlen_q : 1),
-        cols(p.dbias_col_stride ? p.seqlen_k : 1) {}
-};
-
 // The separate dbias pass (see the top of the file). A task owns dbias slice (bb, nb) and
 // keys [k_begin, k_end): one key block, or all keys when the bias is broadcast over keys.
 void dbias_pass(const FlashBwdParams& p) {
