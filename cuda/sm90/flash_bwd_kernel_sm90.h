@@ -184,7 +184,6 @@ constexpr int kBwdBarDQEmpty = 5;  // + wg: the writer's reduce has read it (wri
 static_assert(kBwdBarDQEmpty + 1 + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount < 16, "16 hardware barriers");
 constexpr int kBwdDQHandoffThreads = 128 + 32;
 
-
 // Offset of element i of consumer thread t's dQ fragment inside one kBlockM-row block of
 // dq_accum (and of the smem staging buffer): fragment-major, 4 floats per thread per chunk.
 template <class T>
@@ -442,6 +441,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         int const m = m_min + it % nm;
         int const row0 = m * kBlockM;
         int const buf = it & 1;
+        // This step's dQ destination (this WG's part of the row block in dq_accum); deterministic:
+        // the row block's turn counter and this key block's turn.
+        auto dq_block = [&] {
+          return p.dq_accum + ((int64_t(b) * p.heads_q + hq) * kp.acc_rows + row0) * kp.acc_cols + wg * T::kdQWGFloats;
+        };
+        auto dq_counter = [&] { return p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * (kp.acc_rows / 64) + row0 / 64; };
+        auto dq_turn = [&] {
+          int n_lo, n_hi;
+          key_block_range<kBlockM, kBlockN>(msk, m, n_lo, n_hi);
+          return 2 * (n_block - n_lo);
+        };
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         tl.mark(kBwdStart);
@@ -458,14 +468,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         // P^T = exp2(logit * scale_log2 - lse2); element-wise mask only on boundary tiles (the
         // masked variant is a separate loop so the full-tile loop has no branches).
         auto prob = [&](auto masked, float x, float lse2, int i, int j) {
-          float pr;
-          constexpr int kPolyMod = T::kPolyEvery > 0 ? T::kPolyEvery : 1;
-          if constexpr (T::kPolyEvery > 0 && !decltype(masked)::value) {  // full tile: lse2 finite
-            pr = (j * kRowsK + i) % kPolyMod == kPolyMod - 1 ? exp2_fma(x * scale_log2 - lse2)
-                                                                        : ex2(x * scale_log2 - lse2);
-          } else {
-            pr = ex2(x * scale_log2 - lse2);
-          }
+          // Full tiles (lse2 finite) may put part of the exp2s on the FMA pipe.
+          float pr = exp2_at<T::kPolyEvery, decltype(masked)::value>(j * kRowsK + i, x * scale_log2 - lse2);
           if constexpr (decltype(masked)::value) {
             int64_t const key = n_block * kBlockN + int(get<0>(cS_rc(i, j)));
             int64_t const row = row0 + int(get<1>(cS_rc(i, j)));
@@ -545,7 +549,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           warpgroup_wait<1>();  // dV (the last reader of this dO stage) and dQ are done
           pipe_do.consumer_release(rd_do);
           ++rd_do;
-          tl.mark(kBwdGemmsDone);
+          tl.mark(kBwdDQDone);
           // The writer has read the previous fragment (a step ago: normally no wait).
           named_sync(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);
           CUTLASS_PRAGMA_UNROLL
@@ -553,12 +557,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
             *reinterpret_cast<float4*>(stage + dq_piece_offset(0, i)) = make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
           // Every thread writes the same handoff words: no divergent branch with dK in flight
           // (it would make ptxas serialize the wgmmas, C7518).
-          ss.dq_dst[wg] = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * kp.acc_rows + row0) * kp.acc_cols + wg * T::kdQWGFloats;
+          ss.dq_dst[wg] = dq_block();
           if constexpr (Deterministic) {
-            int n_lo, n_hi;
-            key_block_range<kBlockM, kBlockN>(msk, m, n_lo, n_hi);
-            ss.dq_sem[wg] = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * (kp.acc_rows / 64) + row0 / 64;
-            ss.dq_turn[wg] = 2 * (n_block - n_lo);
+            int const turn = dq_turn();
+            ss.dq_sem[wg] = dq_counter();
+            ss.dq_turn[wg] = turn;
           }
           fence_async_smem();
           named_arrive(kBwdDQHandoffThreads, kBwdBarDQFull + wg);
@@ -590,13 +593,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           pipe_do.consumer_release(rd_do);
           ++rd_do;
           warpgroup_wait<0>();
-          tl.mark(kBwdGemmsDone);
+          tl.mark(kBwdDQDone);
           pipe_q.consumer_release(rd);
           ++rd;
           // dQ partial -> smem (fragment order) -> bulk reduce-add into dq_accum, in kdQRounds
           // pieces per WG (rows past seqlen_q add zeros: P is 0 there).
-          float* acc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * kp.acc_rows + row0) * kp.acc_cols + wg * T::kdQWGFloats;
-          int* sem = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * (kp.acc_rows / 64) + row0 / 64;
+          float* acc = dq_block();
+          int* sem = dq_counter();
           CUTLASS_PRAGMA_UNROLL
           for (int r = 0; r < T::kdQRounds; ++r) {
             if (kDeferLastPiece && r == T::kdQRounds - 1) {
@@ -616,11 +619,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
             named_sync(128, kBwdBarDQ + wg);
             if (tidx % 128 == 0) {
               if constexpr (Deterministic) {
-                if (r == 0) {
-                  int n_lo, n_hi;
-                  key_block_range<kBlockM, kBlockN>(msk, m, n_lo, n_hi);
-                  dq_wait_turn(sem, 2 * (n_block - n_lo));
-                }
+                if (r == 0) dq_wait_turn(sem, dq_turn());
               }
               bulk_reduce_add_f32(acc + r * T::kdQStageFloats, stage, T::kdQStageFloats * sizeof(float));
               tma_store_arrive();

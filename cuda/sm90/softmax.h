@@ -61,14 +61,6 @@ __forceinline__ __device__ void mask_tile(TS& s, TC const& c, SeqMask const& m, 
 // polynomial on the FMA pipe (exp2_fma) instead of the MUFU.
 template <int kRows, int kChains = 1, int kPolyEvery = 0>
 struct OnlineSoftmax {
-  template <bool Check_inf>
-  static __forceinline__ __device__ float exp2_at(int k, float x) {
-    if constexpr (kPolyEvery > 0 && !Check_inf) {
-      if (k % kPolyEvery == kPolyEvery - 1) return exp2_fma(x);
-    }
-    return ex2(x);
-  }
-
   float row_max[kRows];
   float row_sum[kRows];  // per-thread partial sums; reduced across the quad in finalize()
   float scale_log2;
@@ -89,7 +81,7 @@ struct OnlineSoftmax {
         float sum = 0.f;
         CUTLASS_PRAGMA_UNROLL
         for (int k = 0; k < kCols; ++k) {
-          float p = exp2_at<Check_inf>(k, fmaf(s(r, k), scale_log2, -m_scaled));
+          float p = exp2_at<kPolyEvery, Check_inf>(k, fmaf(s(r, k), scale_log2, -m_scaled));
           s(r, k) = p;
           sum += p;
         }
@@ -125,7 +117,7 @@ struct OnlineSoftmax {
         for (int r = 0; r < kRows; ++r) {
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kChains; ++j) {
-            float p = exp2_at<Check_inf>(k + j, fmaf(s(r, k + j), scale_log2, -m_scaled[r]));
+            float p = exp2_at<kPolyEvery, Check_inf>(k + j, fmaf(s(r, k + j), scale_log2, -m_scaled[r]));
             s(r, k + j) = p;
             sum[r][j] = k == 0 ? p : sum[r][j] + p;
           }

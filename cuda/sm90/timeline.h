@@ -28,9 +28,11 @@ inline uint32_t* bwd_timeline_buffer() { return g_bwd_timeline; }
 inline uint32_t* bwd_timeline_buffer() { return nullptr; }
 #endif
 
-// Backward step marks: step start, S^T / dP^T issued, P and dS formed, dV / dK issued and dS
-// shared (after the WG barrier), every GEMM of the step complete, step end (dQ reduce issued).
-enum BwdMark { kBwdStart, kBwdIssued, kBwdPdS, kBwdShared, kBwdGemmsDone, kBwdEnd };
+// Backward step marks: step start, S^T / dP^T issued, P and dS formed, dS shared (after the WG
+// barrier; dV issued before it, and dK too in the head-dim split), the dQ GEMM complete (key
+// split: dK still running; head-dim split: every GEMM), step end (key split: dQ handed to the
+// writer warp and dK complete; head-dim split: dQ reduce issued).
+enum BwdMark { kBwdStart, kBwdIssued, kBwdPdS, kBwdShared, kBwdDQDone, kBwdEnd };
 
 // kEnabled = false: every call is empty and the members are never touched (same SASS as no
 // timeline at all).

@@ -106,4 +106,14 @@ __forceinline__ __device__ float exp2_fma(float x) {
   return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
 
+// exp2 of element k of a thread's tile: every kPolyEvery-th one (kPolyEvery > 0) as exp2_fma on
+// the FMA pipe, the rest on the MUFU. Check_inf (the tile may hold -inf scores): MUFU only.
+template <int kPolyEvery, bool Check_inf>
+__forceinline__ __device__ float exp2_at(int k, float x) {
+  if constexpr (kPolyEvery > 0 && !Check_inf) {
+    if (k % kPolyEvery == kPolyEvery - 1) return exp2_fma(x);
+  }
+  return ex2(x);
+}
+
 }  // namespace jax_flash::sm90
