@@ -136,10 +136,6 @@ struct BwdTraits {
     cute::array_aligned<Element, 2 * kdSSize, 1024> ds;  // double buffer
     cute::array_aligned<Element, kSplitD ? 2 * kdSSize : 0, 1024> p;  // P, same layout as dS
     cute::array_aligned<float, kMmaWGs * kdQStageFloats, 128> dq;  // dQ staging
-    // dQ handoff to the writer warps (key split): destination, and (deterministic) turn.
-    float* dq_dst[kMmaWGs];
-    int* dq_sem[kMmaWGs];
-    int dq_turn[kMmaWGs];
     alignas(16) float lse[kStages][kBlockM];   // lse * log2(e)
     alignas(16) float dsum[kStagesdO][kBlockM];  // rowsum(dO * O)
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;  // K, V of the tile landed
@@ -176,6 +172,26 @@ __forceinline__ __device__ void row_block_range(SeqMask const& msk, int n_block,
 
 // Named barrier ids, as passed to cutlass::arch::NamedBarrier (which adds its 8 reserved ids:
 // hardware ids 8..15, so user ids must stay below 8).
+// The tile a CTA runs in round r (snake order), with its visible query row blocks
+// [m_min, m_min + nm) and steps (n_iters = nm per q head of the group; 0: nothing to do).
+// Producer, consumers and dQ writers all walk this same sequence.
+struct BwdTile {
+  TileCoord t;
+  int m_min, nm, n_iters;
+  bool done;  // past the last tile of this CTA
+};
+template <class T>
+__forceinline__ __device__ BwdTile bwd_tile(BwdKernelParams<T> const& kp, int r) {
+  BwdTile w{};
+  int const linear = snake_tile(r);
+  w.done = linear >= kp.sched.num_tiles;
+  if (w.done) return w;
+  w.t = get_tile(linear, kp.sched);
+  row_block_range<T::kBlockM, T::kBlockN>(make_seq_mask(kp.p, w.t.b), w.t.m_block, w.m_min, w.nm);
+  w.n_iters = w.nm * (kp.p.heads_q / kp.p.heads_kv);
+  return w;
+}
+
 constexpr int kBwdBarDS = 0;   // both consumer WGs stored their dS^T half
 constexpr int kBwdBarDQ = 1;   // + wg: the WG stored its dQ fragment (head-dim split)
 // Key split: consumer WG wg hands its dQ fragment to writer warp 1 + wg of the producer WG.
@@ -203,6 +219,24 @@ __forceinline__ __device__ void dq_wait_turn(int const* sem, int target) {
   }
 }
 
+// One step's dQ addresses, shared by the consumers (head-dim split) and the writer warps (key
+// split): WG wg's part of row block row0 of q head hq in dq_accum; the row block's turn counter;
+// key block n_block's turn (deterministic mode).
+template <class T>
+__forceinline__ __device__ float* dq_block_ptr(BwdKernelParams<T> const& kp, int b, int hq, int row0, int wg) {
+  return kp.p.dq_accum + ((int64_t(b) * kp.p.heads_q + hq) * kp.acc_rows + row0) * kp.acc_cols + wg * T::kdQWGFloats;
+}
+template <class T>
+__forceinline__ __device__ int* dq_counter_ptr(BwdKernelParams<T> const& kp, int b, int hq, int row0) {
+  return kp.p.dq_semaphore + (int64_t(b) * kp.p.heads_q + hq) * (kp.acc_rows / 64) + row0 / 64;
+}
+template <class T>
+__forceinline__ __device__ int dq_turn_of(SeqMask const& msk, int m, int n_block) {
+  int n_lo, n_hi;
+  key_block_range<T::kBlockM, T::kBlockN>(msk, m, n_lo, n_hi);
+  return 2 * (n_block - n_lo);
+}
+
 __forceinline__ __device__ void bulk_reduce_add_f32(float* gmem, float const* smem, int bytes) {
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
                :
@@ -212,31 +246,41 @@ __forceinline__ __device__ void bulk_reduce_add_f32(float* gmem, float const* sm
 
 // Key split: the writer warp of consumer WG wg. Each staged dQ fragment goes into dq_accum with
 // one bulk reduce-add issued here, so the consumers never wait for the bulk engine: they only
-// sync on kBwdBarDQEmpty before restaging, a step later. Deterministic: the turn wait is here
-// too, off the consumers' path. A null destination ends the loop.
+// sync on kBwdBarDQEmpty before restaging, a step later. The writer walks the same tile / step
+// sequence as the consumers (bwd_tile), so only the fragment passes through smem.
+// Deterministic: the turn wait is here too, off the consumers' path.
 template <class T, bool Deterministic>
-__device__ void bwd_dq_writer(typename T::SharedStorage& ss, int wg) {
+__device__ void bwd_dq_writer(BwdKernelParams<T> const& kp, typename T::SharedStorage& ss, int wg) {
+  FlashBwdParams const& p = kp.p;
   float const* stage = ss.dq.data() + wg * T::kdQStageFloats;
   bool const leader = threadIdx.x % 32 == 0;
+  int const group = p.heads_q / p.heads_kv;
   named_arrive(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);  // starts empty
-  for (;;) {
-    named_sync(kBwdDQHandoffThreads, kBwdBarDQFull + wg);
-    float* const dst = *reinterpret_cast<float* volatile*>(&ss.dq_dst[wg]);
-    if (dst == nullptr) break;
-    if (leader) {
-      if constexpr (Deterministic) dq_wait_turn(ss.dq_sem[wg], ss.dq_turn[wg]);
-      bulk_reduce_add_f32(dst, stage, T::kdQStageFloats * sizeof(float));
-      tma_store_arrive();
-      if constexpr (Deterministic) {
-        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the adds are done, not just read
-        __threadfence();
-        atomicAdd(ss.dq_sem[wg], 1);
-      } else {
-        tma_store_wait<0>();  // the staging buffer has been read
+  for (int r = 0;; ++r) {
+    BwdTile const w = bwd_tile(kp, r);
+    if (w.done) break;
+    SeqMask const msk = make_seq_mask(p, w.t.b);
+    for (int it = 0; it < w.n_iters; ++it) {
+      int const hq = w.t.h * group + it / w.nm;
+      int const m = w.m_min + it % w.nm;
+      int const row0 = m * T::kBlockM;
+      named_sync(kBwdDQHandoffThreads, kBwdBarDQFull + wg);
+      if (leader) {
+        int* const sem = dq_counter_ptr(kp, w.t.b, hq, row0);
+        if constexpr (Deterministic) dq_wait_turn(sem, dq_turn_of<T>(msk, m, w.t.m_block));
+        bulk_reduce_add_f32(dq_block_ptr(kp, w.t.b, hq, row0, wg), stage, T::kdQStageFloats * sizeof(float));
+        tma_store_arrive();
+        if constexpr (Deterministic) {
+          asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the adds are done, not just read
+          __threadfence();
+          atomicAdd(sem, 1);
+        } else {
+          tma_store_wait<0>();  // the staging buffer has been read
+        }
       }
+      __syncwarp();
+      named_arrive(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);
     }
-    __syncwarp();
-    named_arrive(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);
   }
   if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
@@ -303,12 +347,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       auto wr_do = cutlass::make_producer_start_state<typename T::PipelinedO>();
       int loaded = 0;
       for (int r = 0;; ++r) {
-        int const linear = snake_tile(r);
-        if (linear >= kp.sched.num_tiles) break;
-        TileCoord const t = get_tile(linear, kp.sched);
-        int m_min, nm;
-        row_block_range<kBlockM, kBlockN>(make_seq_mask(p, t.b), t.m_block, m_min, nm);
-        int const n_iters = nm * group;
+        BwdTile const w = bwd_tile(kp, r);
+        if (w.done) break;
+        TileCoord const t = w.t;
+        int const m_min = w.m_min, nm = w.nm, n_iters = w.n_iters;
         if (n_iters == 0) continue;
         // K / V are single-buffered: the previous tile's consumers must be done with them.
         if (loaded > 0) ss.barrier_kv_empty.wait((loaded - 1) & 1);
@@ -343,7 +385,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       pipe_q.producer_tail(wr);
       pipe_do.producer_tail(wr_do);
     } else if (!T::kSplitD && (warp_in_wg == 1 || warp_in_wg == 2)) {
-      bwd_dq_writer<T, Deterministic>(ss, warp_in_wg - 1);
+      bwd_dq_writer<T, Deterministic>(kp, ss, warp_in_wg - 1);
     }
     return;
   }
@@ -422,14 +464,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   tl.init(kp.timeline, wg, blockIdx.x == 0 && tidx % 128 == 0);
   int loaded = 0;
   for (int r = 0;; ++r) {
-    int const linear = snake_tile(r);
-    if (linear >= kp.sched.num_tiles) break;
-    TileCoord const tile = get_tile(linear, kp.sched);
-    int const n_block = tile.m_block, h_kv = tile.h, b = tile.b;
+    BwdTile const w = bwd_tile(kp, r);
+    if (w.done) break;
+    int const n_block = w.t.m_block, h_kv = w.t.h, b = w.t.b;
     SeqMask const msk = make_seq_mask(p, b);
-    int m_min, nm;
-    row_block_range<kBlockM, kBlockN>(msk, n_block, m_min, nm);
-    int const n_iters = nm * group;
+    int const m_min = w.m_min, nm = w.nm, n_iters = w.n_iters;
     int const key0_wg = n_block * kBlockN + (T::kSplitD ? 0 : wg * 64);  // this WG's keys
     clear(tdVrdV);
     clear(tdKrdK);
@@ -441,17 +480,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         int const m = m_min + it % nm;
         int const row0 = m * kBlockM;
         int const buf = it & 1;
-        // This step's dQ destination (this WG's part of the row block in dq_accum); deterministic:
-        // the row block's turn counter and this key block's turn.
-        auto dq_block = [&] {
-          return p.dq_accum + ((int64_t(b) * p.heads_q + hq) * kp.acc_rows + row0) * kp.acc_cols + wg * T::kdQWGFloats;
-        };
-        auto dq_counter = [&] { return p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * (kp.acc_rows / 64) + row0 / 64; };
-        auto dq_turn = [&] {
-          int n_lo, n_hi;
-          key_block_range<kBlockM, kBlockN>(msk, m, n_lo, n_hi);
-          return 2 * (n_block - n_lo);
-        };
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         tl.mark(kBwdStart);
@@ -555,14 +583,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           CUTLASS_PRAGMA_UNROLL
           for (int i = 0; i < T::kdQFrag; i += 4)
             *reinterpret_cast<float4*>(stage + dq_piece_offset(0, i)) = make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
-          // Every thread writes the same handoff words: no divergent branch with dK in flight
-          // (it would make ptxas serialize the wgmmas, C7518).
-          ss.dq_dst[wg] = dq_block();
-          if constexpr (Deterministic) {
-            int const turn = dq_turn();
-            ss.dq_sem[wg] = dq_counter();
-            ss.dq_turn[wg] = turn;
-          }
           fence_async_smem();
           named_arrive(kBwdDQHandoffThreads, kBwdBarDQFull + wg);
           warpgroup_wait<0>();  // dK, the last reader of this Q stage
@@ -598,8 +618,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           ++rd;
           // dQ partial -> smem (fragment order) -> bulk reduce-add into dq_accum, in kdQRounds
           // pieces per WG (rows past seqlen_q add zeros: P is 0 there).
-          float* acc = dq_block();
-          int* sem = dq_counter();
+          float* acc = dq_block_ptr(kp, b, hq, row0, wg);
+          int* sem = dq_counter_ptr(kp, b, hq, row0);
           CUTLASS_PRAGMA_UNROLL
           for (int r = 0; r < T::kdQRounds; ++r) {
             if (kDeferLastPiece && r == T::kdQRounds - 1) {
@@ -619,7 +639,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
             named_sync(128, kBwdBarDQ + wg);
             if (tidx % 128 == 0) {
               if constexpr (Deterministic) {
-                if (r == 0) dq_wait_turn(sem, dq_turn());
+                if (r == 0) dq_wait_turn(sem, dq_turn_of<T>(msk, m, n_block));
               }
               bulk_reduce_add_f32(acc + r * T::kdQStageFloats, stage, T::kdQStageFloats * sizeof(float));
               tma_store_arrive();
@@ -660,11 +680,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       }
     }
   }
-  if constexpr (!T::kSplitD) {  // end the writer warp's loop: a null destination
-    named_sync(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);
-    ss.dq_dst[wg] = nullptr;
-    named_arrive(kBwdDQHandoffThreads, kBwdBarDQFull + wg);
-  } else {
+  if constexpr (T::kSplitD) {
     if (tidx % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
 }
