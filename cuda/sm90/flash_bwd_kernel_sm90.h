@@ -392,7 +392,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
 
   cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
   int const tidx = int(threadIdx.x) - 128;
-  int const wg = tidx / 128;
+  int const wg = consumer_warpgroup();
   typename T::TiledMmaSdP mma_sdp;
   typename T::TiledMmadKV mma_dkv;
   typename T::TiledMmadQ mma_dq;
@@ -547,15 +547,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         Tensor tdSr16 = make_tensor<Element>(tSrS.layout());
         convert_out(tSrS, tPr16);
         convert_out(tdPrdP, tdSr16);
-        // 16-bit accumulator pairs (adjacent query rows of one key) -> smem (keys, rows) view.
+        // 16-bit accumulators -> smem (keys, rows) view by stmatrix: four 8x8 tiles (a key's 8
+        // adjacent query rows each) per instruction, 4 stores per thread instead of 16.
         auto store_pairs = [&](Element* base, auto const& frag16) {
           Tensor st = make_tensor(make_smem_ptr(base), typename T::SmemLayoutdSt{});
-          Tensor tSs = recast<uint32_t>(thr_sdp.partition_C(st));
-          Tensor r32 = recast<uint32_t>(frag16);
-          CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < size(r32); ++i) {  // st.shared: the recast view alone compiles to generic stores
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(cute::cast_smem_ptr_to_uint(&tSs(i))), "r"(r32(i)));
-          }
+          auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+          auto thr = r2s.get_thread_slice(tidx);
+          cute::copy(r2s, thr.retile_S(frag16), thr.partition_D(st));
         };
         if constexpr (!T::kSplitD) {
           // dV issued; dS shared; then dQ and dK issued, and the dQ fragment is handed to this

@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_c
   } else {
     cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
     int const tidx = int(threadIdx.x) - 128;
-    int const wg = tidx / 128;
+    int const wg = consumer_warpgroup();
     // The first warpgroup opens the GEMM-issue ring (once per CTA: every tile leaves exactly
     // one pending arrive for the next one).
     if (wg == 0) cutlass::arch::NamedBarrier::arrive(256, 1);

@@ -94,7 +94,7 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
   Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutVt{});
-  int const wg = tidx / 128;
+  int const wg = consumer_warpgroup();
 
   typename T::TiledMmaQK mma_qk;
   typename T::TiledMmaPV mma_pv;

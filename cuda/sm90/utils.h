@@ -67,6 +67,12 @@ auto tma_operand(void const* ptr, int rows, int head_dim, int heads, int batch, 
                      make_stride(row_stride, _1{}, heads == 1 ? row_stride : head_stride, batch == 1 ? row_stride : batch_stride));
 }
 
+// This thread's consumer warpgroup (warpgroup 0 is the producer), warp-uniform: through the
+// shuffle the compiler knows every lane holds the same value, so smem descriptors, barrier ids
+// and addresses derived from it stay in uniform registers (from threadIdx.x / 128 alone, each
+// wgmma paid two R2UR moves and the descriptors held ordinary registers).
+__forceinline__ __device__ int consumer_warpgroup() { return __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0) - 1; }
+
 // Named barriers that also order memory for the compiler: cutlass's bar.sync / bar.arrive asm
 // carries no "memory" clobber, so a plain smem load or store could move across it (hand-offs
 // through smem between warps need these).
