@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_c
         inv[0] = inv[1] = 0.f;
         lse[0] = lse[1] = -INFINITY;
       }
-      store_o_lse<T>(p, tOrO, inv, lse, tc.m_block, tc.h, tc.b, tidx);
+      store_o_lse<T>(kp, ss, tOrO, inv, lse, tc.m_block, tc.h, tc.b, tidx, wg);
       if (dynamic) {
         cutlass::arch::NamedBarrier::sync(T::kMmaThreads + 32, kBarTileFull);
         asm volatile("" ::: "memory");
@@ -126,6 +126,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_c
         if (tile < kp.sched.num_tiles) cutlass::arch::NamedBarrier::arrive(T::kMmaThreads + 32, kBarTileEmpty);
       }
     }
+    store_o_tail<T>(tidx);
   }
 }
 
