@@ -1,0 +1,117 @@
+"""GPU time of every kernel one attention call launches, per implementation, under ncu.
+
+The JAX benchmark times whole jitted calls by wall clock (ANCHORS.md's method); this splits
+that into kernels, so a gap can be told apart from launch / dispatch overhead. Run on the GPU
+machine:
+
+    ncu --clock-control none --cache-control none --profile-from-start off \
+        --metrics gpu__time_duration.sum --csv --log-file K.csv \
+        python3 tools/kernel_times.py --impl jax_flash --cells 128:1024:1 64:4096:0 > K.order
+    python3 tools/kernel_times.py --report K.csv K.order
+
+Between calls a marker kernel (a jitted sin over 7 floats) splits the ncu log; the profiler
+runs only around the measured calls (cuProfilerStart / Stop on the primary context).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import ctypes
+import math
+import sys
+
+
+def _profiler(on):
+    cu = ctypes.CDLL("libcuda.so.1")
+    ctx = ctypes.c_void_p()
+    cu.cuInit(0)
+    cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
+    cu.cuCtxPushCurrent_v2(ctx)
+    rc = cu.cuProfilerStart() if on else cu.cuProfilerStop()
+    cu.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+    if rc:
+        print(f"cuProfiler{'Start' if on else 'Stop'}: error {rc}", file=sys.stderr)
+
+
+def measure(impl_name, cells, dtype_name):
+    import jax
+    import jax.numpy as jnp
+
+    from jax_flash.bench import _implementations
+
+    impl = _implementations(True)[impl_name]
+    dtype = jnp.dtype(dtype_name)
+    marker = jax.jit(jnp.sin)  # XLA names its kernel after the op: "...sine..."
+    mx = jnp.ones((7,), jnp.float32)
+    jax.block_until_ready(marker(mx))
+    runs = []
+    for cell in cells:
+        H, S, causal = (int(x) for x in cell.split(":"))
+        B, N = 16384 // S, 2048 // H
+        ks = jax.random.split(jax.random.key(0), 4)
+        q, k, v, do = (jax.random.normal(x, (B, S, N, H), jnp.float32).astype(dtype) for x in ks)
+        fwd = jax.jit(lambda q, k, v: impl(q, k, v, bool(causal)))
+        fb = jax.jit(lambda q, k, v, do: jax.vjp(lambda q, k, v: impl(q, k, v, bool(causal)), q, k, v)[1](do))
+        try:
+            jax.block_until_ready(fwd(q, k, v))
+            jax.block_until_ready(fb(q, k, v, do))
+        except Exception as e:  # noqa: BLE001 - a peer that lacks a head dim
+            print(f"# {impl_name} {cell}: {type(e).__name__}", file=sys.stderr)
+            continue
+        flops = 4 * B * N * S * S * H / (2 if causal else 1)
+        for what, fn, args in (("fwd", fwd, (q, k, v)), ("fwd+bwd", fb, (q, k, v, do))):
+            _profiler(True)
+            jax.block_until_ready(marker(mx))
+            jax.block_until_ready(fn(*args))
+            _profiler(False)
+            runs.append(f"{impl_name} {dtype_name} H={H} S={S} causal={causal} {what} {flops}")
+    _profiler(True)
+    jax.block_until_ready(marker(mx))
+    _profiler(False)
+    print("\n".join(runs))
+
+
+def report(csv_path, order_path):
+    runs = [line.split() for line in open(order_path) if line.strip() and not line.startswith("#")]
+    with open(csv_path) as f:
+        rows = [r for r in csv.reader(line for line in f if line.startswith('"'))]
+    hdr = rows[0]
+    name_i, val_i, unit_i = hdr.index("Kernel Name"), hdr.index("Metric Value"), hdr.index("Metric Unit")
+    groups, cur = [], None
+    for r in rows[1:]:
+        scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}[r[unit_i]]
+        us = float(r[val_i].replace(",", "")) * scale
+        if "sine" in r[name_i].lower() and us < 50:
+            if cur is not None:
+                groups.append(cur)
+            cur = []
+        elif cur is not None:
+            cur.append((r[name_i][:60], us))
+    fwd_us = {}
+    print("| impl | dtype | cell | pass | kernels (us) | total us | kernel TFLOP/s |")
+    print("|---|---|---|---|---|---|---|")
+    for run, ks in zip(runs, groups):
+        impl, dt, h, s, c, what, flops = run
+        total = sum(us for _, us in ks)
+        key = (impl, dt, h, s, c)
+        if what == "fwd":
+            fwd_us[key] = total
+            tf = float(flops) / total / 1e6
+        else:
+            tf = 2.5 * float(flops) / max(total - fwd_us.get(key, 0.0), 1e-9) / 1e6
+        lst = ", ".join(f"{n.split('(')[0][-40:]} {us:.0f}" for n, us in ks)
+        print(f"| {impl} | {dt} | {h} {s} {c} | {what} | {lst} | {total:.0f} | {tf:.0f} |")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--impl")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--cells", nargs="+", default=[])
+    p.add_argument("--report", nargs=2, metavar=("CSV", "ORDER"))
+    a = p.parse_args()
+    if a.report:
+        report(*a.report)
+    else:
+        measure(a.impl, a.cells, a.dtype)
