@@ -9,11 +9,12 @@
 //       P^T  = exp2(S^T*scale*log2e - lse*log2e) while dP^T is in flight,
 //       dS^T = P^T (dP^T - D) [* softcap grad]
 //       dV  += P^T dO, dK += dS^T Q           (wgmma RS: P^T / dS^T straight from registers)
-//       dS^T -> smem (MN-major dS, double buffer), named barrier, dQ = dS K (wgmma SS, head_dim
+//       dS^T -> smem (MN-major dS, double buffer, stmatrix), named barrier, dQ = dS K (wgmma SS, head_dim
 //       split over WGs) issued before dK; while dK runs, dQ -> smem (fragment order), handed to
 //       the WG's writer warp (producer WG warps 1-2), which issues one bulk reduce-add
 //       (cp.reduce.async.bulk) into dq_accum: no per-thread atomics, and the consumers never
-//       wait for the bulk engine (NOTES.md v19).
+//       wait for the bulk engine (NOTES.md v19). The writers walk the same tile / step
+//       sequence (bwd_tile), so only the fragment passes through smem (v21).
 //   head-dim split (head_dim 256, 64 keys per CTA): 64 keys x 256 of dK + dV would need 256
 //       accumulator registers per thread in one WG, so both WGs share the 64 keys. S^T / dP^T
 //       are split by query rows (64 keys x kBlockM/2 each), P^T and dS^T meet in smem (double
@@ -103,8 +104,8 @@ struct BwdTraits {
   using SmemLayoutK = decltype(tile_to_shape(SmemAtomK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   using SmemLayoutKt = decltype(composition(
       SmemLayoutK{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Stride<Int<kBlockN>, _1>{})));
-  // dS: (rows, keys), rows contiguous (MN-major A of dQ = dS K), so the dS^T accumulator's
-  // register pairs (adjacent query rows of one key) go to smem as 32-bit stores through the
+  // dS: (rows, keys), rows contiguous (MN-major A of dQ = dS K), so the dS^T accumulator goes
+  // to smem by stmatrix (8 adjacent query rows of one key per 8x8 row) through the
   // dSt = (keys, rows) view. Under kSplitD the same view is the K-major A operand of
   // dK += dS^T Q (and, on the P buffer, of dV += P^T dO).
   using SmemAtomdS = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::MN, Element, Int<kBlockM>, Int<kBlockN>>());
@@ -170,8 +171,6 @@ __forceinline__ __device__ void row_block_range(SeqMask const& msk, int n_block,
   nm = r_hi > r_lo ? int((r_hi + kBlockM - 1) / kBlockM) - m_min : 0;
 }
 
-// Named barrier ids, as passed to cutlass::arch::NamedBarrier (which adds its 8 reserved ids:
-// hardware ids 8..15, so user ids must stay below 8).
 // The tile a CTA runs in round r (snake order), with its visible query row blocks
 // [m_min, m_min + nm) and steps (n_iters = nm per q head of the group; 0: nothing to do).
 // Producer, consumers and dQ writers all walk this same sequence.
@@ -192,6 +191,8 @@ __forceinline__ __device__ BwdTile bwd_tile(BwdKernelParams<T> const& kp, int r)
   return w;
 }
 
+// Named barrier ids, as passed to cutlass::arch::NamedBarrier (which adds its 8 reserved ids:
+// hardware ids 8..15, so user ids must stay below 8).
 constexpr int kBwdBarDS = 0;   // both consumer WGs stored their dS^T half
 constexpr int kBwdBarDQ = 1;   // + wg: the WG stored its dQ fragment (head-dim split)
 // Key split: consumer WG wg hands its dQ fragment to writer warp 1 + wg of the producer WG.
@@ -549,7 +550,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         convert_out(tdPrdP, tdSr16);
         // 16-bit accumulators -> smem (keys, rows) view by stmatrix: four 8x8 tiles (a key's 8
         // adjacent query rows each) per instruction, 4 stores per thread instead of 16.
-        auto store_pairs = [&](Element* base, auto const& frag16) {
+        auto store_tile16 = [&](Element* base, auto const& frag16) {
           Tensor st = make_tensor(make_smem_ptr(base), typename T::SmemLayoutdSt{});
           auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
           auto thr = r2s.get_thread_slice(tidx);
@@ -563,7 +564,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           Tensor tdSrA = make_tensor(tdSr16.data(), acc_to_Aregs(tdSr16.layout()));
           wg_gemm<false, -1>(mma_dkv, tPrA, tdVrdO(_, _, _, rd_do.index()), tdVrdV);
           // dS^T -> smem (as dS, keys contiguous) for dQ = dS K over all keys of the block.
-          store_pairs(ss.ds.data() + buf * T::kdSSize, tdSr16);
+          store_tile16(ss.ds.data() + buf * T::kdSSize, tdSr16);
           fence_async_smem();
           named_sync(T::kMmaThreads, kBwdBarDS);
           tl.mark(kBwdShared);
@@ -589,8 +590,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         } else {
           // Each WG holds P^T / dS^T for half the rows: both halves meet in smem, then every
           // WG reads all rows for its head_dim half of dV and dK.
-          store_pairs(ss.p.data() + buf * T::kdSSize, tPr16);
-          store_pairs(ss.ds.data() + buf * T::kdSSize, tdSr16);
+          store_tile16(ss.p.data() + buf * T::kdSSize, tPr16);
+          store_tile16(ss.ds.data() + buf * T::kdSSize, tdSr16);
           if constexpr (kDeferLastPiece) {
             if (it > 0) flush_held();  // the previous step's last dQ piece (no wgmma in flight here)
           } else {

@@ -62,7 +62,7 @@ struct FwdTraits {
                                        take<0, 2>(SmemLayoutVt{}), Shape<Int<kHeadDim>, Int<kBlockN>>{}, _1{}));
   // Epilogue: each consumer WG's 64 x kHeadDim O tile goes registers -> smem (stmatrix) -> one
   // TMA store, so a WG hands O off in a few instructions and starts the next tile (per-element
-  // register stores were ~20% of the time at S = 1k causal, NOTES.md v22). TMA clips the rows
+  // register stores were ~20% of the time at S = 1k causal, NOTES.md v24). TMA clips the rows
   // past seqlen_q and the columns past head_dim. H = 256 has no smem left for it (128 KB K/V
   // ring + 64 KB Q): register stores there.
   static constexpr bool kSmemEpilogue = kHeadDim <= 128;
