@@ -18,12 +18,12 @@
 - active dropout (`dropout_rate > 0` and not `deterministic`) runs in the kernels on every
   platform (on a GPU the portable sm80 kernels, which drop exactly what the CPU kernels drop
   for the same key), with either of the above;
-- a `bias` (added to the scaled logits, as Flax does) runs in the CPU kernels, with any of the
-  above. This adapter does not route Flax biases to the GPU kernels yet (they take a bias,
-  through `jax_flash.dot_product_attention`): a call with a bias lowered for a GPU runs
-  `flax.linen.dot_product_attention` unchanged, dropout included (chosen per platform at
-  lowering, with a `JaxFlashFallbackWarning` at trace time when the default backend is not the
-  CPU).
+- a `bias` (added to the scaled logits, as Flax does) runs in the kernels with any of the
+  above, its gradient included: on a GPU the portable (sm80) kernels, which read the bias tile
+  by tile (the Hopper kernels take no bias). Inputs the GPU kernels do not take (float32, head
+  dims over 256) with a bias run `flax.linen.dot_product_attention` when lowered for a GPU
+  (chosen per platform at lowering, with a `JaxFlashFallbackWarning` at trace time when the
+  default backend is not the CPU), the CPU kernels on the CPU.
 The kernels' dropout draws its mask from jax_flash's own counter-based RNG keyed by
 `dropout_rng` (see `jax_flash.dot_product_attention`), not from `jax.random.bernoulli`, so
 under dropout the result is a different (equally distributed) sample than Flax's attention
@@ -110,18 +110,21 @@ def dot_product_attention(
         run = functools.partial(_masked_attention, mask=mask, flax_attention=flax_attention, extras=extras)
     else:
         run = functools.partial(_kernel_attention, **extras)
-    if bias is None:  # dropout runs in the kernels on every platform
+    out_dtype = jnp.asarray(query, dtype).dtype  # the kernels' output dtype
+    if bias is None or mask is not None or _primitives.gpu_kernels_take(out_dtype, query.shape[-1]):
+        # Dropout runs in the kernels on every platform; a bias too where the GPU kernels take
+        # the dtype / head dim (a mask decides for itself, in _masked_attention).
         return run(query, key, value, dtype=dtype, is_causal=is_causal)
 
-    # A Flax bias is not routed to the GPU kernels yet.
+    # A bias with inputs the GPU kernels do not take (float32, head dims over 256): the CPU
+    # kernels, and Flax's attention when lowered for a GPU (chosen per platform at lowering).
     if jax.default_backend() != "cpu":
         warnings.warn(
-            "jax_flash.flax: bias not supported by the GPU kernels through this adapter yet; lowered for a "
-            "GPU this call runs flax.linen.dot_product_attention (XLA, materialises the attention matrix)",
+            f"jax_flash.flax: the GPU kernels take bfloat16 / float16 and head dims up to 256, got "
+            f"{out_dtype} / {query.shape[-1]} with a bias; lowered for a GPU this call runs "
+            "flax.linen.dot_product_attention (XLA, materialises the attention matrix)",
             JaxFlashFallbackWarning, stacklevel=2,
         )
-    out_dtype = jnp.asarray(query, dtype).dtype  # the kernels' output dtype
-    # Chosen per platform at lowering: the CPU kernels, Flax's attention elsewhere.
     return jax.lax.platform_dependent(
         query, key, value, cpu=lambda q, k, v: run(q, k, v, dtype=dtype, is_causal=is_causal),
         default=lambda q, k, v: flax_attention(q, k, v).astype(out_dtype))

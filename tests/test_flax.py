@@ -2,8 +2,9 @@
 and gradients as the modules' default attention; key-prefix masks (padding, the decode cache)
 run the kernels with lengths, other masks Flax's own attention (chosen on the device); bias
 and active dropout run the kernels (dropout with jax_flash's own mask, checked against the
-numpy Philox of test_dropout.py); lowered for a GPU, dropout runs the kernels and a bias Flax's
-attention; attention weights are an error."""
+numpy Philox of test_dropout.py); lowered for a GPU, bias and dropout run the kernels too, and
+a bias with inputs the GPU kernels do not take (float32) Flax's attention; attention weights
+are an error."""
 
 import re
 import warnings
@@ -253,33 +254,36 @@ def test_bias_with_masks(kernel_runs):
         assert kernel_runs == runs
 
 
-def test_bias_lowered_for_a_gpu_runs_flax_attention_dropout_runs_the_kernels(monkeypatch):
-    """A Flax bias is not routed to the GPU kernels yet: lowered for a GPU it runs Flax's attention
-    (with a fallback warning when the default backend is a GPU). Dropout runs in the kernels on
-    both platforms, with no warning."""
+def test_bias_and_dropout_lowered_for_a_gpu_run_the_kernels(monkeypatch):
+    """Lowered for a GPU, bf16 calls with a bias and / or dropout run the kernels (no warning);
+    a bias with float32 inputs (which the GPU kernels do not take) runs Flax's attention there,
+    with a fallback warning when the default backend is a GPU. On the CPU: the kernels."""
     q, k, v = (jax.random.normal(jax.random.key(i), (2, 11, 2, 8), jnp.bfloat16) for i in range(3))
+    q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
     bias = jnp.zeros((2, 11, 11), jnp.float32)
     rng = jax.random.key(0)
+    kernels = ["jax_flash_fwd"]
     calls = {
-        "bias": (lambda q, k, v: jf.dot_product_attention(q, k, v, bias=bias), []),
+        "bias": (lambda q, k, v: jf.dot_product_attention(q, k, v, bias=bias), (q, k, v), kernels),
         "dropout": (lambda q, k, v: jf.dot_product_attention(q, k, v, dropout_rng=rng, dropout_rate=0.1),
-                    ["jax_flash_fwd"]),
+                    (q, k, v), kernels),
         "bias_and_dropout": (lambda q, k, v: jf.dot_product_attention(q, k, v, bias=bias, dropout_rng=rng,
-                                                                      dropout_rate=0.1), []),
+                                                                      dropout_rate=0.1), (q, k, v), kernels),
+        "bias_float32": (lambda q, k, v: jf.dot_product_attention(q, k, v, bias=bias), (q32, k32, v32), []),
     }
-    for name, (fn, on_gpu) in calls.items():
-        for platform, want in (("cuda", on_gpu), ("cpu", ["jax_flash_fwd"])):
+    for name, (fn, args, on_gpu) in calls.items():
+        for platform, want in (("cuda", on_gpu), ("cpu", kernels)):
             exp = jax.export.export(jax.jit(fn), platforms=[platform],
-                                    disabled_checks=jax_flash.export_disabled_checks())(q, k, v)
+                                    disabled_checks=jax_flash.export_disabled_checks())(*args)
             assert re.findall(r"custom_call @(\w+)", exp.mlir_module()) == want, (name, platform)
         monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
         if on_gpu:
             with warnings.catch_warnings():
                 warnings.simplefilter("error", jf.JaxFlashFallbackWarning)
-                fn(q, k, v)
+                fn(*args)
         else:
-            with pytest.warns(jf.JaxFlashFallbackWarning, match="bias not supported by the GPU kernels"):
-                fn(q, k, v)
+            with pytest.warns(jf.JaxFlashFallbackWarning, match="the GPU kernels take bfloat16"):
+                fn(*args)
         monkeypatch.undo()
 
 

@@ -258,6 +258,35 @@ def test_gpu_extras_deterministic_full_bias_is_bitwise_stable():
         g(q, k, v, bias[:1, :1])  # [1, 1, T, S]: summed over batch and heads
 
 
+def test_gpu_flax_bias_runs_the_kernels():
+    """jax_flash.flax with a Flax bias (two batch dims, broadcast over heads) on the GPU runs the
+    kernels, not Flax's attention, with no fallback warning: out and every gradient (dbias too)
+    match the same function on the CPU backend."""
+    import warnings
+
+    jf = pytest.importorskip("jax_flash.flax")
+    shape = (2, 3, 77, 4, 64)  # batch dims (2, 3), length 77, 4 heads, head dim 64
+    q, k, v = (jax.random.normal(jax.random.key(i), shape, jnp.float32).astype(jnp.bfloat16) for i in range(3))
+    bias = jax.random.normal(jax.random.key(3), (2, 3, 1, 77, 77), jnp.float32)
+
+    def grads(q, k, v, bias):
+        out, vjp = jax.vjp(lambda q, k, v, b: jf.dot_product_attention(q, k, v, bias=b, is_causal=True),
+                           q, k, v, bias)
+        return out, vjp(jnp.ones_like(out))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jf.JaxFlashFallbackWarning)
+        assert "jax_flash_fwd" in jax.jit(grads).lower(q, k, v, bias).as_text()
+        gpu = jax.jit(grads)(q, k, v, bias)
+    cpu_dev = jax.devices("cpu")[0]
+    with jax.default_device(cpu_dev):
+        cpu = jax.jit(grads)(*(jax.device_put(x, cpu_dev) for x in (q, k, v, bias)))
+    for name, a, b in zip(["out", "dq", "dk", "dv", "dbias"], jax.tree.leaves(gpu), jax.tree.leaves(cpu)):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        scale = max(1.0, float(np.abs(b).max()))
+        np.testing.assert_allclose(a, b, atol=3e-2 * scale, rtol=3e-2, err_msg=name)
+
+
 def test_gpu_hopper_kernel_with_extras_raises():
     q, k, v = random_qkv(31, 1, 64, 64, 2, 2, 64, jnp.bfloat16)
     with pytest.raises(ValueError, match="kernel='hopper' does not take bias"):
