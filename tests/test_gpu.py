@@ -6,6 +6,7 @@ dropped set bit for bit). Skipped (visibly) without a GPU."""
 import os
 import subprocess
 import sys
+import warnings
 import zlib
 
 import jax
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 import jax_flash
+import jax_flash.flax as jf
 from conftest import random_qkv
 from test_features import check_case, dropin, packed_ids, rand_bias, rand_mask, ref_of
 from test_numerics import FEATURES, _lengths, check_all, run_ours, run_ref
@@ -262,9 +264,6 @@ def test_gpu_flax_bias_runs_the_kernels():
     """jax_flash.flax with a Flax bias (two batch dims, broadcast over heads) on the GPU runs the
     kernels, not Flax's attention, with no fallback warning: out and every gradient (dbias too)
     match the same function on the CPU backend."""
-    import warnings
-
-    jf = pytest.importorskip("jax_flash.flax")
     shape = (2, 3, 77, 4, 64)  # batch dims (2, 3), length 77, 4 heads, head dim 64
     q, k, v = (jax.random.normal(jax.random.key(i), shape, jnp.float32).astype(jnp.bfloat16) for i in range(3))
     bias = jax.random.normal(jax.random.key(3), (2, 3, 1, 77, 77), jnp.float32)
