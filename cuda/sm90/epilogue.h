@@ -29,36 +29,28 @@ __forceinline__ __device__ void store_o_lse(KernelParams<Traits> const& kp, type
   convert_out(tOrO, rO);
 
   int const m0 = m_block * T::kBlockM;
-  if constexpr (T::kSmemEpilogue) {
-    static_assert(kBarEpilogue<T> + T::kMmaWGs <= kBarQEmpty, "named barrier ids overlap");
-    Tensor sO = make_tensor(make_smem_ptr(ss.o.data() + wg * cute::cosize_v<typename T::SmemLayoutO>), typename T::SmemLayoutO{});
-    auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename T::TiledMmaPVWG{});
-    auto thr_r2s = r2s.get_thread_slice(tidx % 128);
-    bool const issuer = tidx % 128 == 0;
-    // This WG's previous store (a tile ago) must have read the buffer.
+  static_assert(kBarEpilogue<T> + T::kMmaWGs <= kBarQEmpty, "named barrier ids overlap");
+  Tensor sO = make_tensor(make_smem_ptr(ss.o.data() + wg * cute::cosize_v<typename T::SmemLayoutO>), typename T::SmemLayoutO{});
+  auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename T::TiledMmaOWG{});
+  auto thr_r2s = r2s.get_thread_slice(tidx % 128);
+  auto const frag_layout = partition_fragment_C(typename T::TiledMmaOWG{}, Shape<_64, Int<T::kOCols>>{}).layout();
+  constexpr int kFragSize = decltype(cute::size(frag_layout))::value;
+  bool const issuer = tidx % 128 == 0;
+  CUTLASS_PRAGMA_UNROLL
+  for (int r = 0; r < T::kORounds; ++r) {
+    // The buffer's previous store (a tile ago, or round r - 1's) must have been read.
     if (issuer) tma_store_wait<0>();
     named_sync(128, kBarEpilogue<T> + wg);
-    cute::copy(r2s, thr_r2s.retile_S(rO), thr_r2s.partition_D(sO));
+    Tensor rO_r = make_tensor(rO.data() + r * kFragSize, frag_layout);
+    cute::copy(r2s, thr_r2s.retile_S(rO_r), thr_r2s.partition_D(sO));
     fence_async_smem();
     named_sync(128, kBarEpilogue<T> + wg);
     if (issuer) {
       Tensor mO = kp.tma_o.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch))(_, _, h, b);
-      Tensor gO = local_tile(mO, Shape<_64, Int<T::kHeadDim>>{}, make_coord(m_block * T::kMmaWGs + wg, _0{}));
+      Tensor gO = local_tile(mO, Shape<_64, Int<T::kOCols>>{}, make_coord(m_block * T::kMmaWGs + wg, r));
       auto c = kp.tma_o.get_slice(_0{});
       copy(kp.tma_o, group_modes<0, 3>(c.partition_S(sO)), group_modes<0, 3>(c.partition_D(gO)));
       tma_store_arrive();
-    }
-  } else {
-    Element* o = static_cast<Element*>(p.o) + int64_t(b) * p.o_batch_stride + int64_t(h) * p.o_head_stride;
-    // Accumulator element pairs (2k, 2k+1) are adjacent columns of one row: 32-bit stores.
-    CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < size(rO); k += 2) {
-      int row = m0 + get<0>(cO(k));
-      int col = get<1>(cO(k));
-      if (row < p.seqlen_q && col < p.head_dim) {  // padded head dims: columns past head_dim stay unwritten
-        *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
-            *reinterpret_cast<uint32_t const*>(&rO(k));
-      }
     }
   }
   if (p.lse != nullptr && (tidx % 4) == 0) {
@@ -73,9 +65,7 @@ __forceinline__ __device__ void store_o_lse(KernelParams<Traits> const& kp, type
 // Before the CTA exits: the WG's last O store has completed (its smem must stay valid until read).
 template <class Traits>
 __forceinline__ __device__ void store_o_tail(int tidx) {
-  if constexpr (Traits::kSmemEpilogue) {
-    if (tidx % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-  }
+  if (tidx % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
 }  // namespace jax_flash::sm90

@@ -42,10 +42,8 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, typename T::SmemLayoutQ{}, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, _1{});
   kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename T::SmemLayoutK{}), Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, _1{});
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mVt, take<0, 2>(typename T::SmemLayoutVt{}), Shape<Int<T::kHeadDim>, Int<T::kBlockN>>{}, _1{});
-  if constexpr (T::kSmemEpilogue) {
-    auto mO = tma_operand<Element>(p.o, p.seqlen_q, p.head_dim, p.heads_q, p.batch, p.o_row_stride, p.o_head_stride, p.o_batch_stride);
-    kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, mO, typename T::SmemLayoutO{}, Shape<_64, Int<T::kHeadDim>>{}, _1{});
-  }
+  auto mO = tma_operand<Element>(p.o, p.seqlen_q, p.head_dim, p.heads_q, p.batch, p.o_row_stride, p.o_head_stride, p.o_batch_stride);
+  kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, mO, typename T::SmemLayoutO{}, Shape<_64, Int<T::kOCols>>{}, _1{});
   float const log2e = 1.44269504088896340736f;
   kp.scale_log2 = Softcap ? p.softcap * log2e : p.scale * log2e;
   kp.softcap_mult = Softcap ? p.scale / p.softcap : 0.f;

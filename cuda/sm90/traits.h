@@ -60,19 +60,22 @@ struct FwdTraits {
                                        take<0, 2>(SmemLayoutK{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   using TMA_V = decltype(make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeT{}, StrideVt{}),
                                        take<0, 2>(SmemLayoutVt{}), Shape<Int<kHeadDim>, Int<kBlockN>>{}, _1{}));
-  // Epilogue: each consumer WG's 64 x kHeadDim O tile goes registers -> smem (stmatrix) -> one
-  // TMA store, so a WG hands O off in a few instructions and starts the next tile (per-element
+  // Epilogue: each consumer WG's 64 x kHeadDim O tile goes registers -> smem (stmatrix) -> TMA
+  // store, so a WG hands O off in a few instructions and starts the next tile (per-element
   // register stores were ~20% of the time at S = 1k causal, NOTES.md v24). TMA clips the rows
-  // past seqlen_q and the columns past head_dim. H = 256 has no smem left for it (128 KB K/V
-  // ring + 64 KB Q): register stores there.
-  static constexpr bool kSmemEpilogue = kHeadDim <= 128;
-  using SmemAtomO = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, _64, Int<kHeadDim>>());
-  using SmemLayoutO = decltype(tile_to_shape(SmemAtomO{}, Shape<_64, Int<kHeadDim>>{}));  // one WG's rows
+  // past seqlen_q and the columns past head_dim. The buffer holds kOCols columns per WG: at
+  // H = 256 (128 KB K/V ring + 64 KB Q leave 32 KB) O goes out in two 128-column rounds.
+  static constexpr int kOCols = kHeadDim < 128 ? kHeadDim : 128;
+  static constexpr int kORounds = kHeadDim / kOCols;
+  using SmemAtomO = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, _64, Int<kOCols>>());
+  using SmemLayoutO = decltype(tile_to_shape(SmemAtomO{}, Shape<_64, Int<kOCols>>{}));  // one WG's rows
   using TMA_O = decltype(make_tma_copy(SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeT{}, StrideT{}),
-                                       SmemLayoutO{}, Shape<_64, Int<kHeadDim>>{}, _1{}));
-  // The per-WG fragment layout of O (the copy to smem works on one WG's 64 rows).
-  using TiledMmaPVWG = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K, GMMA::Major::MN>()));
+                                       SmemLayoutO{}, Shape<_64, Int<kOCols>>{}, _1{}));
+  // One WG's O fragment for kOCols columns: the layout the copy to smem works on (the
+  // accumulator's registers run over column groups last, so round r's columns are the r-th
+  // contiguous slice of the m64 x kHeadDim fragment).
+  using TiledMmaOWG = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kOCols>, Int<kBlockN>>, GMMA::Major::K, GMMA::Major::MN>()));
   static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBytesK = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBytesV = kBytesK;
@@ -84,7 +87,7 @@ struct FwdTraits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> v;
-    cute::array_aligned<Element, kSmemEpilogue ? kMmaWGs * cute::cosize_v<SmemLayoutO> : 0, 1024> o;
+    cute::array_aligned<Element, kMmaWGs * cute::cosize_v<SmemLayoutO>, 1024> o;
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
     alignas(16) typename Pipeline::SharedStorage pipe_k;
     alignas(16) typename Pipeline::SharedStorage pipe_v;
@@ -101,7 +104,7 @@ struct KernelParams {
   typename Traits::TMA_Q tma_q;
   typename Traits::TMA_K tma_k;
   typename Traits::TMA_V tma_v;
-  typename Traits::TMA_O tma_o;  // kSmemEpilogue only
+  typename Traits::TMA_O tma_o;
   float scale_log2;    // multiplier of raw (or tanh-capped) logits in the exp2 domain
   float softcap_mult;  // scale / softcap (tanh argument multiplier), softcap variant only
   TileSchedule sched;  // (query block, q head, batch) tiles
