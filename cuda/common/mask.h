@@ -67,6 +67,24 @@ struct SeqMask {
     if (r1 > q_len) return false;
     return key_lo(r1 - 1) <= k0 && key_hi(r0) >= k1;
   }
+  // tile_full hoisted out of a loop over tiles. Keys: for rows [r0, r1) (r1 <= q_len), the tile
+  // with keys [k0, k1) is full iff lo <= k0 && k1 <= hi. Rows: for keys [k0, k1) (0 <= k0 < k1),
+  // the tile with rows [r0, r1) is full iff lo <= r0 && r1 <= hi. Both clamped to int ranges
+  // ([0, kv_len], [0, q_len]); lo >= hi means no tile is full.
+  JF_HOST_DEVICE void full_keys(int64_t r0, int64_t r1, int* lo, int* hi) const {
+    int64_t const l = key_lo(r1 - 1), h = key_hi(r0);  // key_hi is within [0, kv_len]
+    *hi = r1 > q_len ? 0 : int(h);
+    *lo = l < *hi ? int(l) : *hi;
+  }
+  JF_HOST_DEVICE void full_rows(int64_t k0, int64_t k1, int* lo, int* hi) const {
+    // Row i sees all of [k0, k1) iff key_lo(i) <= k0, i.e. i <= k0 + left - offset, and
+    // key_hi(i) >= k1, i.e. k1 <= kv_len and i >= k1 - 1 - right - offset.
+    int64_t l = 0, h = k1 > kv_len ? 0 : q_len;
+    if (right >= 0 && k1 - 1 - right - offset > l) l = k1 - 1 - right - offset;
+    if (left >= 0 && k0 + left - offset + 1 < h) h = k0 + left - offset + 1;
+    *hi = h < 0 ? 0 : int(h);
+    *lo = l < *hi ? int(l) : *hi;
+  }
 };
 
 JF_HOST_DEVICE SeqMask make_seq_mask(const FlashFwdParams& p, int b) {

@@ -30,28 +30,18 @@ __forceinline__ __device__ void store_o_lse(KernelParams<Traits> const& kp, type
 
   int const m0 = m_block * T::kBlockM;
   static_assert(kBarEpilogue<T> + T::kMmaWGs <= kBarQEmpty, "named barrier ids overlap");
-  Tensor sO = make_tensor(make_smem_ptr(ss.o.data() + wg * cute::cosize_v<typename T::SmemLayoutO>), typename T::SmemLayoutO{});
-  auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename T::TiledMmaOWG{});
-  auto thr_r2s = r2s.get_thread_slice(tidx % 128);
   auto const frag_layout = partition_fragment_C(typename T::TiledMmaOWG{}, Shape<_64, Int<T::kOCols>>{}).layout();
   constexpr int kFragSize = decltype(cute::size(frag_layout))::value;
-  bool const issuer = tidx % 128 == 0;
   CUTLASS_PRAGMA_UNROLL
   for (int r = 0; r < T::kORounds; ++r) {
-    // The buffer's previous store (a tile ago, or round r - 1's) must have been read.
-    if (issuer) tma_store_wait<0>();
-    named_sync(128, kBarEpilogue<T> + wg);
-    Tensor rO_r = make_tensor(rO.data() + r * kFragSize, frag_layout);
-    cute::copy(r2s, thr_r2s.retile_S(rO_r), thr_r2s.partition_D(sO));
-    fence_async_smem();
-    named_sync(128, kBarEpilogue<T> + wg);
-    if (issuer) {
-      Tensor mO = kp.tma_o.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch))(_, _, h, b);
-      Tensor gO = local_tile(mO, Shape<_64, Int<T::kOCols>>{}, make_coord(m_block * T::kMmaWGs + wg, r));
-      auto c = kp.tma_o.get_slice(_0{});
-      copy(kp.tma_o, group_modes<0, 3>(c.partition_S(sO)), group_modes<0, 3>(c.partition_D(gO)));
-      tma_store_arrive();
-    }
+    wg_tma_store<typename T::TiledMmaOWG, typename T::SmemLayoutO>(
+        make_tensor(rO.data() + r * kFragSize, frag_layout), ss.o.data() + wg * cute::cosize_v<typename T::SmemLayoutO>,
+        kp.tma_o,
+        [&] {
+          Tensor mO = kp.tma_o.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch))(_, _, h, b);
+          return local_tile(mO, Shape<_64, Int<T::kOCols>>{}, make_coord(m_block * T::kMmaWGs + wg, r));
+        },
+        kBarEpilogue<T> + wg, tidx);
   }
   if (p.lse != nullptr && (tidx % 4) == 0) {
     CUTLASS_PRAGMA_UNROLL

@@ -26,8 +26,9 @@
 //   padded rows into the same pipeline stage, so consumers read them from smem when needed
 //   instead of holding 2 x 16 registers across the GEMMs.
 //   dK / dV live in registers for the whole tile (all q heads of a GQA group are looped here,
-//   so no atomics for dK / dV). Deterministic variant: per (q head, row block) turn counters
-//   order the dQ reduce-adds by key block.
+//   so no atomics for dK / dV), then leave through smem by TMA stores (wg_tma_store: a buffer
+//   of their own in the key split, the P / dS buffers in the head-dim split). Deterministic
+//   variant: per (q head, row block) turn counters order the dQ reduce-adds by key block.
 // Preprocess (D, lse*log2e into padded rows, zeroed dq_accum) and postprocess (dq =
 // scale*dq_accum) kernels are at the end.
 #pragma once
@@ -119,6 +120,16 @@ struct BwdTraits {
                                        take<0, 2>(SmemLayoutQ{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TMA_K = decltype(make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeT{}, StrideT{}),
                                        SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  // Epilogue: each WG's dK and dV (64 keys x kdKVCols) leave through a 16 KB smem buffer per WG
+  // by TMA stores (wg_tma_store): a buffer of their own (key split), or the P / dS buffers once
+  // the last step's GEMMs have read them (head-dim split). TiledMmadKVWG is one WG's share of
+  // TiledMmadKV, whose C fragment is the same per thread.
+  static constexpr int kdKVCols = kSplitD ? kHeadDim / 2 : kHeadDim;
+  using SmemLayoutdKV = decltype(tile_to_shape(
+      cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, _64, Int<kdKVCols>>(), Shape<_64, Int<kdKVCols>>{}));
+  using TMA_dKV = decltype(make_tma_copy(SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeT{}, StrideT{}),
+                                         SmemLayoutdKV{}, Shape<_64, Int<kdKVCols>>{}, _1{}));
+  using TiledMmadKVWG = decltype(make_tiled_mma(MmaAtomdKV{}));
   // One pipeline stage: a Q (dO) tile plus its lse (D) rows.
   static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element) + kBlockM * sizeof(float);
   static constexpr uint32_t kBytesK = kBlockN * kHeadDim * sizeof(Element);
@@ -129,6 +140,7 @@ struct BwdTraits {
   using PipelineStatedO = cutlass::PipelineState<kStagesdO>;
 
   static constexpr int kdSSize = cute::cosize_v<SmemLayoutdS>;
+  static_assert(!kSplitD || cute::cosize_v<SmemLayoutdKV> <= 2 * kdSSize, "dK / dV staging in the P / dS buffers");
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutdO>, 1024> dout;
@@ -137,6 +149,7 @@ struct BwdTraits {
     cute::array_aligned<Element, 2 * kdSSize, 1024> ds;  // double buffer
     cute::array_aligned<Element, kSplitD ? 2 * kdSSize : 0, 1024> p;  // P, same layout as dS
     cute::array_aligned<float, kMmaWGs * kdQStageFloats, 128> dq;  // dQ staging
+    cute::array_aligned<Element, kSplitD ? 0 : kMmaWGs * cute::cosize_v<SmemLayoutdKV>, 1024> dkv;  // epilogue
     alignas(16) float lse[kStages][kBlockM];   // lse * log2(e)
     alignas(16) float dsum[kStagesdO][kBlockM];  // rowsum(dO * O)
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;  // K, V of the tile landed
@@ -155,6 +168,8 @@ struct BwdKernelParams {
   typename Traits::TMA_Q tma_do;
   typename Traits::TMA_K tma_k;
   typename Traits::TMA_K tma_v;
+  typename Traits::TMA_dKV tma_dk;  // stores
+  typename Traits::TMA_dKV tma_dv;
   float scale_log2;    // multiplier of the raw (or tanh) logit in the exp2 domain
   float softcap_mult;  // scale / softcap (tanh argument), softcap variant only
   int64_t acc_rows, acc_cols;
@@ -174,10 +189,22 @@ __forceinline__ __device__ void row_block_range(SeqMask const& msk, int n_block,
 // The tile a CTA runs in round r (snake order), with its visible query row blocks
 // [m_min, m_min + nm) and steps (n_iters = nm per q head of the group; 0: nothing to do).
 // Producer, consumers and dQ writers all walk this same sequence.
+// A step's (q head, row block); steps run row blocks innermost, q heads of the group outermost.
+struct BwdStep {
+  int hq, m;
+};
 struct BwdTile {
   TileCoord t;
   int m_min, nm, n_iters;
   bool done;  // past the last tile of this CTA
+  __device__ BwdStep first_step(int group) const { return {t.h * group, m_min}; }
+  // Counting instead of dividing the step index by nm (an integer division per step and warp).
+  __device__ void next_step(BwdStep& s) const {
+    if (++s.m == m_min + nm) {
+      s.m = m_min;
+      ++s.hq;
+    }
+  }
 };
 template <class T>
 __forceinline__ __device__ BwdTile bwd_tile(BwdKernelParams<T> const& kp, int r) {
@@ -195,6 +222,7 @@ __forceinline__ __device__ BwdTile bwd_tile(BwdKernelParams<T> const& kp, int r)
 // hardware ids 8..15, so user ids must stay below 8).
 constexpr int kBwdBarDS = 0;   // both consumer WGs stored their dS^T half
 constexpr int kBwdBarDQ = 1;   // + wg: the WG stored its dQ fragment (head-dim split)
+constexpr int kBwdBarEpilogue = kBwdBarDQ;  // + wg: the WG's dK / dV stores (after its last dQ use)
 // Key split: consumer WG wg hands its dQ fragment to writer warp 1 + wg of the producer WG.
 constexpr int kBwdBarDQFull = 3;   // + wg: the fragment is staged (WG arrives, writer syncs)
 constexpr int kBwdBarDQEmpty = 5;  // + wg: the writer's reduce has read it (writer arrives)
@@ -261,9 +289,9 @@ __device__ void bwd_dq_writer(BwdKernelParams<T> const& kp, typename T::SharedSt
     BwdTile const w = bwd_tile(kp, r);
     if (w.done) break;
     SeqMask const msk = make_seq_mask(p, w.t.b);
-    for (int it = 0; it < w.n_iters; ++it) {
-      int const hq = w.t.h * group + it / w.nm;
-      int const m = w.m_min + it % w.nm;
+    BwdStep st = w.first_step(group);
+    for (int it = 0; it < w.n_iters; ++it, w.next_step(st)) {
+      int const hq = st.hq, m = st.m;
       int const row0 = m * T::kBlockM;
       named_sync(kBwdDQHandoffThreads, kBwdBarDQFull + wg);
       if (leader) {
@@ -351,7 +379,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         BwdTile const w = bwd_tile(kp, r);
         if (w.done) break;
         TileCoord const t = w.t;
-        int const m_min = w.m_min, nm = w.nm, n_iters = w.n_iters;
+        int const n_iters = w.n_iters;
         if (n_iters == 0) continue;
         // K / V are single-buffered: the previous tile's consumers must be done with them.
         if (loaded > 0) ss.barrier_kv_empty.wait((loaded - 1) & 1);
@@ -362,9 +390,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
              ck.partition_S(gK), ck.partition_D(sK));
         copy(kp.tma_v.with(reinterpret_cast<BarrierT&>(ss.barrier_kv), 0, TMA::CacheHintSm90::EVICT_FIRST),
              cv.partition_S(gV), cv.partition_D(sV));
-        for (int it = 0; it < n_iters; ++it) {
-          int const hq = t.h * group + it / nm;
-          int const m = m_min + it % nm;
+        BwdStep st = w.first_step(group);
+        for (int it = 0; it < n_iters; ++it, w.next_step(st)) {
+          int const hq = st.hq, m = st.m;
           Tensor gQ = local_tile(mQ(_, _, hq, t.b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));
           Tensor gdO = local_tile(mdO(_, _, hq, t.b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));
           int64_t const stats = row_stats_offset(p, t.b, hq) + int64_t(m) * kBlockM;
@@ -469,16 +497,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     if (w.done) break;
     int const n_block = w.t.m_block, h_kv = w.t.h, b = w.t.b;
     SeqMask const msk = make_seq_mask(p, b);
-    int const m_min = w.m_min, nm = w.nm, n_iters = w.n_iters;
+    int const n_iters = w.n_iters;
     int const key0_wg = n_block * kBlockN + (T::kSplitD ? 0 : wg * 64);  // this WG's keys
+    // Row blocks [full_lo, full_hi) of rows see all of this WG's keys: no element-wise mask.
+    int full_lo, full_hi;
+    msk.full_rows(key0_wg, key0_wg + 64, &full_lo, &full_hi);
     clear(tdVrdV);
     clear(tdKrdK);
     if (n_iters > 0) {
       ss.barrier_kv.wait(loaded & 1);
+      BwdStep st = w.first_step(group);
       CUTLASS_PRAGMA_NO_UNROLL
-      for (int it = 0; it < n_iters; ++it) {
-        int const hq = h_kv * group + it / nm;
-        int const m = m_min + it % nm;
+      for (int it = 0; it < n_iters; ++it, w.next_step(st)) {
+        int const hq = st.hq, m = st.m;
         int const row0 = m * kBlockM;
         int const buf = it & 1;
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
@@ -491,7 +522,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         tl.mark(kBwdIssued);
         Tensor s_rc = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
         Tensor dp_rc = make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));
-        bool const full = msk.tile_full(row0, row0 + kBlockM, key0_wg, key0_wg + 64);
+        bool const full = full_lo <= row0 && row0 + kBlockM <= full_hi;
         float const* s_lse = ss.lse[rd.index()];
         float const* s_dsum = ss.dsum[rd_do.index()];
         // P^T = exp2(logit * scale_log2 - lse2); element-wise mask only on boundary tiles (the
@@ -659,29 +690,39 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       ss.barrier_kv_empty.arrive();  // the last dQ GEMM (the last reader of K / V) has completed
       ++loaded;
     }
-    // Epilogue: dK = scale * dS^T Q, dV; keys past seqlen_k are dropped.
-    auto thr_dkv = mma_dkv.get_thread_slice(tidx);
-    Tensor cdKV = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
-    cutlass::NumericArrayConverter<Element, float, 2> cvt;
-    Element* dk = static_cast<Element*>(p.dk) + int64_t(b) * p.dk_batch_stride + int64_t(h_kv) * p.dk_head_stride;
-    Element* dv = static_cast<Element*>(p.dv) + int64_t(b) * p.dv_batch_stride + int64_t(h_kv) * p.dv_head_stride;
-    float const scale = p.scale;
+    // Epilogue: dK = scale * dS^T Q, dV; keys past seqlen_k (and columns past head_dim) are dropped.
+    // This WG's 64 keys x kdKVCols: dV then dK through its smem buffer, one TMA store each (the
+    // per-element stores were ~6% of the stall samples at H=128 4k causal, NOTES.md v27).
+    Tensor rdV = make_tensor_like<Element>(tdVrdV);
+    convert_out(tdVrdV, rdV);
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(tdKrdK); i += 2) {
-      int const key = n_block * kBlockN + int(get<0>(cdKV(i)));
-      int const c = int(get<1>(cdKV(i)));
-      if (key < p.seqlen_k && c < p.head_dim) {  // padded head dims: columns past head_dim dropped
-        cutlass::Array<float, 2> a;
-        a[0] = tdKrdK(i) * scale; a[1] = tdKrdK(i + 1) * scale;
-        *reinterpret_cast<cutlass::Array<Element, 2>*>(dk + key * p.dk_row_stride + c) = cvt(a);
-        a[0] = tdVrdV(i); a[1] = tdVrdV(i + 1);
-        *reinterpret_cast<cutlass::Array<Element, 2>*>(dv + key * p.dv_row_stride + c) = cvt(a);
-      }
+    for (int i = 0; i < size(tdKrdK); ++i) tdKrdK(i) *= p.scale;
+    Tensor rdK = make_tensor_like<Element>(tdKrdK);
+    convert_out(tdKrdK, rdK);
+    if constexpr (T::kSplitD) named_sync(T::kMmaThreads, kBwdBarDS);  // both WGs' last GEMMs read P / dS
+    Element* const buf = T::kSplitD ? (wg == 0 ? ss.p.data() : ss.ds.data())
+                                    : ss.dkv.data() + wg * cute::cosize_v<typename T::SmemLayoutdKV>;
+    auto const frag = partition_fragment_C(typename T::TiledMmadKVWG{}, Shape<_64, Int<T::kdKVCols>>{}).layout();
+    auto gtile = [&](auto const& tma) {
+      return [&] {
+        Tensor mX = tma.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch))(_, _, h_kv, b);
+        return local_tile(mX, Shape<_64, Int<T::kdKVCols>>{},
+                          make_coord(n_block * (kBlockN / 64) + (T::kSplitD ? 0 : wg), T::kSplitD ? wg : 0));
+      };
+    };
+    wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(make_tensor(rdV.data(), frag), buf, kp.tma_dv,
+                                                                       gtile(kp.tma_dv), kBwdBarEpilogue + wg, tidx);
+    wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(make_tensor(rdK.data(), frag), buf, kp.tma_dk,
+                                                                       gtile(kp.tma_dk), kBwdBarEpilogue + wg, tidx);
+    if constexpr (T::kSplitD) {
+      // The next tile's first step writes P / dS here: the stores must have read them.
+      if (tidx % 128 == 0) cute::tma_store_wait<0>();
+      named_sync(T::kMmaThreads, kBwdBarDS);
     }
   }
-  if constexpr (T::kSplitD) {
-    if (tidx % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-  }
+  // The WG's last bulk operation (dQ reduce-add, head-dim split; dK / dV store, key split) has
+  // read its smem before the CTA exits.
+  if (tidx % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
 // Row statistics into the padded [batch, heads_q, seqlen_q_rounded] workspaces, and zeros

@@ -62,6 +62,13 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename T::SmemLayoutQ{}), tileQ, _1{});
   kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename T::SmemLayoutK{}, tileK, _1{});
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename T::SmemLayoutK{}, tileK, _1{});
+  auto mdK = tma_operand<Element>(p.dk, p.seqlen_k, p.head_dim, p.heads_kv, p.batch, p.dk_row_stride, p.dk_head_stride,
+                                  p.dk_batch_stride);
+  auto mdV = tma_operand<Element>(p.dv, p.seqlen_k, p.head_dim, p.heads_kv, p.batch, p.dv_row_stride, p.dv_head_stride,
+                                  p.dv_batch_stride);
+  auto tiledKV = Shape<_64, Int<T::kdKVCols>>{};
+  kp.tma_dk = make_tma_copy(SM90_TMA_STORE{}, mdK, typename T::SmemLayoutdKV{}, tiledKV, _1{});
+  kp.tma_dv = make_tma_copy(SM90_TMA_STORE{}, mdV, typename T::SmemLayoutdKV{}, tiledKV, _1{});
   float const log2e = 1.44269504088896340736f;
   kp.scale_log2 = Softcap ? p.softcap * log2e : p.scale * log2e;
   kp.softcap_mult = Softcap ? p.scale / p.softcap : 0.f;

@@ -111,6 +111,9 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
 
   int const m0 = m_block * kBlockM;
   int const wg_r0 = m0 + wg * 64;
+  // Key blocks inside [full_k0, full_k1) are visible to all of this WG's rows: no element-wise mask.
+  int full_k0, full_k1;
+  msk.full_keys(wg_r0, wg_r0 + 64, &full_k0, &full_k1);
   constexpr int kRows = 2;
   float rescale[kRows];
 
@@ -120,7 +123,7 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
     if constexpr (Softcap) softcap_tile(tSrS, kp.softcap_mult);
     int n0 = n_block * kBlockN;
     // Only tiles that cross a mask boundary pay for element-wise masking.
-    if (msk.tile_full(wg_r0, wg_r0 + 64, n0, n0 + kBlockN)) {
+    if (full_k0 <= n0 && n0 + kBlockN <= full_k1) {
       softmax.template step<Is_first, false>(s_rc, rescale);
     } else {
       mask_tile(s_rc, cS_rc, msk, m0, n0);

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cute/tensor.hpp>
+// After cute/tensor.hpp (the other order breaks cute's copy overloads).
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/atom/copy_atom.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_conversion.h>
 #include <cutlass/numeric_types.h>
@@ -89,6 +92,33 @@ __forceinline__ __device__ void named_arrive(int threads, int id) {
 // Generic-proxy smem writes made visible to the async proxy (TMA / bulk copies, wgmma operands);
 // with a memory clobber, unlike cutlass::arch::fence_view_async_shared.
 __forceinline__ __device__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// One consumer warpgroup's 64 x N tile of 16-bit values, held as the C fragment of TiledMmaWG
+// (a single-warpgroup wgmma), out to global memory: registers -> the WG's smem buffer (stmatrix,
+// SmemLayout) -> one TMA store issued by the WG's first thread, which a few instructions hand
+// off instead of per-element stores with their address math and bounds checks (forward O,
+// backward dK / dV). The buffer's previous store is waited for first; bar is a 128-thread named
+// barrier id of this WG; make_gtile() gives the destination tile (called by the issuer only).
+// TMA clips rows and columns past the tensor's extents.
+template <class TiledMmaWG, class SmemLayout, class Frag, class Tma, class MakeGTile>
+__forceinline__ __device__ void wg_tma_store(Frag const& frag16, typename Frag::value_type* smem, Tma const& tma,
+                                             MakeGTile const& make_gtile, int bar, int tidx) {
+  using Element = typename Frag::value_type;
+  bool const issuer = tidx % 128 == 0;
+  if (issuer) cute::tma_store_wait<0>();
+  named_sync(128, bar);
+  Tensor s = make_tensor(make_smem_ptr(smem), SmemLayout{});
+  auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, TiledMmaWG{});
+  auto thr = r2s.get_thread_slice(tidx % 128);
+  cute::copy(r2s, thr.retile_S(frag16), thr.partition_D(s));
+  fence_async_smem();
+  named_sync(128, bar);
+  if (issuer) {
+    auto c = tma.get_slice(_0{});
+    cute::copy(tma, group_modes<0, 3>(c.partition_S(s)), group_modes<0, 3>(c.partition_D(make_gtile())));
+    cute::tma_store_arrive();
+  }
+}
 
 __forceinline__ __device__ float ex2(float x) {
 #ifdef JF_FAKE_EX2  // diagnostic only (wrong results): what the softmax costs without MUFU

@@ -1,0 +1,47 @@
+"""Executed instructions per SASS opcode, ours against a peer, from two ncu source dumps.
+
+    ncu --clock-control none --section SourceCounters --page source --print-source sass --csv \
+        -k regex:NAME --launch-count 1 ... > A.csv
+    python3 tools/ncu_opcode_diff.py A.csv B.csv [top_n]
+
+Prints, per opcode (modifiers stripped to the first field, e.g. HGMMA, FMNMX, IMAD), the warp-level
+executed instruction counts of both kernels and their difference, largest difference first:
+where a kernel that runs more instructions than its peer spends them.
+"""
+import collections
+import csv
+import io
+import sys
+
+
+def opcode_counts(path):
+    text = open(path, errors="replace").read()
+    start = text.find('"Address"')
+    if start < 0:
+        start = text.find('"#"')
+    rows = list(csv.DictReader(io.StringIO(text[start:])))
+    col = next(c for c in rows[0] if c.strip() == "Instructions Executed")
+    counts = collections.Counter()
+    for r in rows:
+        toks = [t for t in r.get("Source", "").strip().split() if not t.startswith("@")]
+        if not toks:
+            continue
+        try:
+            counts[toks[0].split(".")[0]] += float(str(r[col]).replace(",", "") or 0)
+        except ValueError:
+            pass
+    return counts
+
+
+def main(a_path, b_path, top=25):
+    a, b = opcode_counts(a_path), opcode_counts(b_path)
+    ta, tb = sum(a.values()), sum(b.values())
+    print(f"total executed (warp instructions): A {ta / 1e6:.2f}M  B {tb / 1e6:.2f}M  A/B {ta / max(tb, 1):.3f}")
+    print(f"{'opcode':>10} {'A (M)':>8} {'B (M)':>8} {'A-B (M)':>8}")
+    ops = sorted(set(a) | set(b), key=lambda k: -abs(a[k] - b[k]))
+    for k in ops[:top]:
+        print(f"{k:>10} {a[k] / 1e6:8.3f} {b[k] / 1e6:8.3f} {(a[k] - b[k]) / 1e6:+8.3f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], *(int(x) for x in sys.argv[3:4]))
