@@ -52,10 +52,4 @@ __forceinline__ __device__ void store_o_lse(KernelParams<Traits> const& kp, type
   }
 }
 
-// Before the CTA exits: the WG's last O store has completed (its smem must stay valid until read).
-template <class Traits>
-__forceinline__ __device__ void store_o_tail(int tidx) {
-  if (tidx % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-}
-
 }  // namespace jax_flash::sm90

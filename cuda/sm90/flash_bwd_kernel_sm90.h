@@ -703,26 +703,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     Element* const buf = T::kSplitD ? (wg == 0 ? ss.p.data() : ss.ds.data())
                                     : ss.dkv.data() + wg * cute::cosize_v<typename T::SmemLayoutdKV>;
     auto const frag = partition_fragment_C(typename T::TiledMmadKVWG{}, Shape<_64, Int<T::kdKVCols>>{}).layout();
-    auto gtile = [&](auto const& tma) {
-      return [&] {
-        Tensor mX = tma.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch))(_, _, h_kv, b);
-        return local_tile(mX, Shape<_64, Int<T::kdKVCols>>{},
-                          make_coord(n_block * (kBlockN / 64) + (T::kSplitD ? 0 : wg), T::kSplitD ? wg : 0));
-      };
+    auto gtile = [&](auto const& tma) {  // this WG's 64 keys x kdKVCols of dK or dV
+      Tensor mX = tma.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch))(_, _, h_kv, b);
+      return local_tile(mX, Shape<_64, Int<T::kdKVCols>>{},
+                        make_coord(n_block * (kBlockN / 64) + (T::kSplitD ? 0 : wg), T::kSplitD ? wg : 0));
     };
-    wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(make_tensor(rdV.data(), frag), buf, kp.tma_dv,
-                                                                       gtile(kp.tma_dv), kBwdBarEpilogue + wg, tidx);
-    wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(make_tensor(rdK.data(), frag), buf, kp.tma_dk,
-                                                                       gtile(kp.tma_dk), kBwdBarEpilogue + wg, tidx);
+    wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(
+        make_tensor(rdV.data(), frag), buf, kp.tma_dv, [&] { return gtile(kp.tma_dv); }, kBwdBarEpilogue + wg, tidx);
+    wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(
+        make_tensor(rdK.data(), frag), buf, kp.tma_dk, [&] { return gtile(kp.tma_dk); }, kBwdBarEpilogue + wg, tidx);
     if constexpr (T::kSplitD) {
       // The next tile's first step writes P / dS here: the stores must have read them.
       if (tidx % 128 == 0) cute::tma_store_wait<0>();
       named_sync(T::kMmaThreads, kBwdBarDS);
     }
   }
-  // The WG's last bulk operation (dQ reduce-add, head-dim split; dK / dV store, key split) has
-  // read its smem before the CTA exits.
-  if (tidx % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  wg_bulk_drain(tidx);  // the last dK / dV store (and, head-dim split, dQ reduce-add)
 }
 
 // Row statistics into the padded [batch, heads_q, seqlen_q_rounded] workspaces, and zeros

@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_c
         if (tile < kp.sched.num_tiles) cutlass::arch::NamedBarrier::arrive(T::kMmaThreads + 32, kBarTileEmpty);
       }
     }
-    store_o_tail<T>(tidx);
+    wg_bulk_drain(tidx);  // the last O store has read its smem
   }
 }
 

@@ -93,6 +93,12 @@ __forceinline__ __device__ void named_arrive(int threads, int id) {
 // with a memory clobber, unlike cutlass::arch::fence_view_async_shared.
 __forceinline__ __device__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// Before the CTA exits: every bulk operation the WG's first thread issued (TMA stores, bulk
+// reduce-adds) has completed, so the smem they read stays valid until then.
+__forceinline__ __device__ void wg_bulk_drain(int tidx) {
+  if (tidx % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
 // One consumer warpgroup's 64 x N tile of 16-bit values, held as the C fragment of TiledMmaWG
 // (a single-warpgroup wgmma), out to global memory: registers -> the WG's smem buffer (stmatrix,
 // SmemLayout) -> one TMA store issued by the WG's first thread, which a few instructions hand
