@@ -9,27 +9,18 @@ executed instruction counts of both kernels and their difference, largest differ
 where a kernel that runs more instructions than its peer spends them.
 """
 import collections
-import csv
-import io
 import sys
+
+from ncu_source_summary import load_rows, number, opcode
 
 
 def opcode_counts(path):
-    text = open(path, errors="replace").read()
-    start = text.find('"Address"')
-    if start < 0:
-        start = text.find('"#"')
-    rows = list(csv.DictReader(io.StringIO(text[start:])))
+    rows = load_rows(path)
     col = next(c for c in rows[0] if c.strip() == "Instructions Executed")
     counts = collections.Counter()
     for r in rows:
-        toks = [t for t in r.get("Source", "").strip().split() if not t.startswith("@")]
-        if not toks:
-            continue
-        try:
-            counts[toks[0].split(".")[0]] += float(str(r[col]).replace(",", "") or 0)
-        except ValueError:
-            pass
+        if r.get("Source", "").strip():
+            counts[opcode(r)] += number(r[col])
     return counts
 
 

@@ -8,28 +8,40 @@ import io
 import sys
 
 
-def main(path, top=30):
+def load_rows(path):
+    """The per-SASS-instruction rows of an ncu source-page CSV dump (the table after ncu's log lines)."""
     text = open(path, errors="replace").read()
     start = text.find('"Address"')
     if start < 0:
         start = text.find('"#"')
-    rows = list(csv.DictReader(io.StringIO(text[start:])))
+    return list(csv.DictReader(io.StringIO(text[start:])))
+
+
+def opcode(row):
+    """The row's opcode without predicate and modifiers (HGMMA, FMNMX, ...), "?" for none."""
+    toks = [t for t in row.get("Source", "").strip().split() if not t.startswith("@")]
+    return toks[0].split(".")[0] if toks else "?"
+
+
+def number(x):
+    try:
+        return float(str(x).replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
+def main(path, top=30):
+    rows = load_rows(path)
     if not rows:
         print("no rows"); return
     cols = rows[0].keys()
     samp = next(c for c in cols if "Warp Stall Sampling (All" in c)
     reasons = [c for c in cols if c.startswith("stall_") or "Stall" in c and c != samp and "Sampling" not in c]
-    def f(x):
-        try:
-            return float(str(x).replace(",", ""))
-        except ValueError:
-            return 0.0
+    f = number
     total = sum(f(r[samp]) for r in rows) or 1.0
     by_op = collections.Counter()
     for r in rows:
-        op = r.get("Source", "").strip().split(" ")
-        op = [t for t in op if t and not t.startswith("@")]
-        by_op[op[0].split(".")[0] if op else "?"] += f(r[samp])
+        by_op[opcode(r)] += f(r[samp])
     print(f"total samples {total:.0f}")
     print("by opcode:", ", ".join(f"{k} {100*v/total:.1f}%" for k, v in by_op.most_common(14)))
     rs = collections.Counter()
