@@ -42,6 +42,15 @@ struct SeqMask {
   JF_HOST_DEVICE bool visible(int64_t i, int64_t j) const {
     return i < q_len && j >= key_lo(i) && j < key_hi(i);
   }
+  // Row i's visible keys as offsets from key k0: for 0 <= d < 2^20, key k0 + d is visible iff
+  // lo <= d < hi. Clamped to [-1, 2^20] so a tile's element offsets compare as small ints
+  // (compile-time immediates in the kernels' element-wise masks); rows past q_len give lo > hi.
+  JF_HOST_DEVICE void keys_from(int64_t i, int64_t k0, int* lo, int* hi) const {
+    if (i >= q_len) { *lo = 1; *hi = 0; return; }
+    int64_t const l = key_lo(i) - k0, h = key_hi(i) - k0;
+    *lo = int(l < -1 ? -1 : (l > 1 << 20 ? 1 << 20 : l));
+    *hi = int(h < -1 ? -1 : (h > 1 << 20 ? 1 << 20 : h));
+  }
   // Keys any row of [row_begin, row_end) can see: [lo, hi). Empty when hi <= lo.
   JF_HOST_DEVICE void key_range(int64_t row_begin, int64_t row_end, int64_t* lo, int64_t* hi) const {
     int64_t last = (row_end < q_len ? row_end : q_len) - 1;

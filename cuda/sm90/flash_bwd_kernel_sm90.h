@@ -69,6 +69,8 @@ struct BwdTraits {
   static constexpr int kdQStageFloats = kdQWGFloats / kdQRounds;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kMmaThreads <= (65536 / kThreads) / 8 * 8 * kThreads,
+                "setmaxnreg budgets exceed the launch allocation (see FwdTraits)");
 
   // S^T / dP^T: (keys, rows), reduction over head_dim; per-WG tile. WGs split the keys, or
   // (kSplitD) the rows.

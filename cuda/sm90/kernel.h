@@ -90,7 +90,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_c
     int q_phase = 0;
     float const log2e = 1.44269504088896340736f;
     int tile = int(blockIdx.x);
+    TileTimeline ttl;
+    ttl.init(kp.timeline, wg, blockIdx.x == 0 && tidx % 128 == 0);
     for (int r = 0;; ++r) {
+      ttl.mark(kTileStart);
       if (dynamic) {
         if (tile >= kp.sched.num_tiles) break;
       } else {
@@ -108,7 +111,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_c
       softmax.scale_log2 = Softcap ? p.softcap * log2e : p.scale * log2e;
       float inv[2], lse[2];
       if (n_max > n_min) {
-        consumer_mma<T, Softcap>(kp, ss, pipe_k, pipe_v, rd, msk, tc.m_block, n_min, n_max, tOrO, softmax, tidx, q_phase);
+        consumer_mma<T, Softcap>(kp, ss, pipe_k, pipe_v, rd, msk, tc.m_block, n_min, n_max, tOrO, softmax, tidx, q_phase, ttl);
         q_phase ^= 1;
         softmax.finalize(inv, lse);
       } else {
@@ -117,6 +120,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_c
         lse[0] = lse[1] = -INFINITY;
       }
       store_o_lse<T>(kp, ss, tOrO, inv, lse, tc.m_block, tc.h, tc.b, tidx, wg);
+      ttl.mark(kTileStored);
       if (dynamic) {
         cutlass::arch::NamedBarrier::sync(T::kMmaThreads + 32, kBarTileFull);
         asm volatile("" ::: "memory");
@@ -125,6 +129,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_c
         // The last hand-off (no tile) has no producer waiting for it.
         if (tile < kp.sched.num_tiles) cutlass::arch::NamedBarrier::arrive(T::kMmaThreads + 32, kBarTileEmpty);
       }
+      ttl.mark(kTileHandoff);
+      ttl.end_tile(n_max - n_min);
     }
     wg_bulk_drain(tidx);  // the last O store has read its smem
   }

@@ -25,9 +25,15 @@ struct TileConfig;
 // dynamic persistent schedule when the caller gives a tile counter (scheduler.h), taking
 // precedence over PersistentCausalMaxS. Measured (NOTES.md v18): H=128 S=1k +6%, H=64 S=4k +3%;
 // longer sequences lose 1-13% against one CTA per tile (H=256 everywhere).
-template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 4096, SoftmaxChains = 8, PolyEvery = 8; };
-template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 2048, SoftmaxChains = 1, PolyEvery = 0; };
-template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 0, SoftmaxChains = 8, PolyEvery = 0; };
+// SchedArrive (FwdTraits::kSchedArrive): where a WG lets the other issue its GEMMs. H=64: after
+// its row max, +3% at S >= 4k non-causal, +1% at 1k causal (after half its exp2s the same; after
+// its whole softmax -12% to -18%, NOTES.md v30). JF_FWD_ARRIVE64 overrides it for experiments.
+#ifndef JF_FWD_ARRIVE64
+#define JF_FWD_ARRIVE64 1
+#endif
+template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 4096, SoftmaxChains = 8, PolyEvery = 8; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
+template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 2048, SoftmaxChains = 1, PolyEvery = 0; static constexpr int SchedArrive = 0; };
+template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 0, SoftmaxChains = 8, PolyEvery = 0; static constexpr int SchedArrive = 0; };
 
 template <class Traits, bool Softcap>
 cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
@@ -89,7 +95,7 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
 template <int kHeadDim, class Element>
 cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
   using C = TileConfig<kHeadDim>;
-  using T = FwdTraits<kHeadDim, C::M, C::N, C::Stages, Element, C::SoftmaxChains, C::PolyEvery>;
+  using T = FwdTraits<kHeadDim, C::M, C::N, C::Stages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive>;
   if (p.softcap > 0.f) return launch_fwd<T, true>(p, stream);
   return launch_fwd<T, false>(p, stream);
 }

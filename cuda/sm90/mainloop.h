@@ -88,7 +88,8 @@ template <class Traits, bool Softcap, class TO, class Softmax>
 __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typename Traits::SharedStorage& ss,
                                              typename Traits::Pipeline& pipe_k, typename Traits::Pipeline& pipe_v,
                                              typename Traits::PipelineState& rd, SeqMask const& msk, int m_block,
-                                             int n_min, int n_max, TO& tOrO, Softmax& softmax, int tidx, int q_phase) {
+                                             int n_min, int n_max, TO& tOrO, Softmax& softmax, int tidx, int q_phase,
+                                             TileTimeline& ttl) {
   using T = Traits;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
@@ -117,17 +118,18 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
   constexpr int kRows = 2;
   float rescale[kRows];
 
-  auto process = [&](auto& tSrS, int n_block, auto is_first) {
+  // hook(Int<1>) after the row max, hook(Int<2>) after half of the exp2s (OnlineSoftmax::step).
+  auto process = [&](auto& tSrS, int n_block, auto is_first, auto hook) {
     constexpr bool Is_first = decltype(is_first)::value;
     Tensor s_rc = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
     if constexpr (Softcap) softcap_tile(tSrS, kp.softcap_mult);
     int n0 = n_block * kBlockN;
     // Only tiles that cross a mask boundary pay for element-wise masking.
     if (full_k0 <= n0 && n0 + kBlockN <= full_k1) {
-      softmax.template step<Is_first, false>(s_rc, rescale);
+      softmax.template step<Is_first, false>(s_rc, rescale, hook);
     } else {
       mask_tile(s_rc, cS_rc, msk, m0, n0);
-      softmax.template step<Is_first, true>(s_rc, rescale);
+      softmax.template step<Is_first, true>(s_rc, rescale, hook);
     }
   };
 
@@ -138,13 +140,15 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
   tl.init(kp.timeline, wg, blockIdx.x == 0 && tidx % 128 == 0);
   int n_block = n_max - 1;
   ss.barrier_q.wait(q_phase);
+  ttl.mark(kTileQReady);
   {
     consumer_wait(pipe_k, rd);
     wg_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS0);
     warpgroup_wait<0>();
+    ttl.mark(kTileFirstS);
     pipe_k.consumer_release(rd);
     if (n_block == n_min) q_empty_arrive<Traits>();
-    process(tSrS0, n_block, cute::true_type{});
+    process(tSrS0, n_block, cute::true_type{}, [](auto) {});
     convert_out(tSrS0, tOrP);
   }
   clear(tOrO);
@@ -164,13 +168,16 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
     wg_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
     consumer_wait(pipe_v, rd_v);
     wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, rd_v.index()), tOrO);
-    sched_arrive<T::kMmaWGs>(wg);
+    if constexpr (T::kSchedArrive == 0) sched_arrive<T::kMmaWGs>(wg);
     tl.mark(StepTimeline::kIssued);
     warpgroup_wait<1>();
     tl.mark(StepTimeline::kSReady);
     pipe_k.consumer_release(rd);
     if (n_block == n_min) q_empty_arrive<Traits>();
-    process(tSrS, n_block, cute::false_type{});
+    process(tSrS, n_block, cute::false_type{}, [&](auto at) {
+      if constexpr (decltype(at)::value == T::kSchedArrive) sched_arrive<T::kMmaWGs>(wg);
+    });
+    if constexpr (T::kSchedArrive == 3) sched_arrive<T::kMmaWGs>(wg);
     tl.mark(StepTimeline::kSoftmax);
     warpgroup_wait<0>();
     pipe_v.consumer_release(rd_v);
@@ -182,6 +189,7 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
   consumer_wait(pipe_v, rd);
   wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
   warpgroup_wait<0>();
+  ttl.mark(kTileLoopEnd);
   pipe_v.consumer_release(rd);
   ++rd;
 }

@@ -36,15 +36,8 @@ __forceinline__ __device__ void mask_tile(TS& s, TC const& c, SeqMask const& m, 
   int const col0 = n0 + int(get<1>(c(0, 0)));
   CUTLASS_PRAGMA_UNROLL
   for (int r = 0; r < size<0>(s); ++r) {
-    int64_t i = int64_t(m0) + get<0>(c(r, 0));
-    int lo, hi;  // visible column-offset interval relative to col0, clamped to a small int range
-    if (i >= m.q_len) {
-      lo = 1; hi = 0;
-    } else {
-      int64_t l = m.key_lo(i) - col0, h = m.key_hi(i) - col0;
-      lo = int(l < -1 ? -1 : (l > 1 << 20 ? 1 << 20 : l));
-      hi = int(h < -1 ? -1 : (h > 1 << 20 ? 1 << 20 : h));
-    }
+    int lo, hi;  // visible column offsets relative to col0
+    m.keys_from(int64_t(m0) + get<0>(c(r, 0)), col0, &lo, &hi);
     CUTLASS_PRAGMA_UNROLL
     for (int k = 0; k < size<1>(s); ++k) {
       int const j = int(get<1>(c.layout()(r, k))) - int(get<1>(c.layout()(0, 0)));
@@ -67,8 +60,9 @@ struct OnlineSoftmax {
 
   // Updates the running max and turns s into unnormalised probabilities. Returns in
   // `rescale` the factor the O accumulator must be multiplied by.
-  template <bool Is_first, bool Check_inf, class TS>
-  __forceinline__ __device__ void step(TS& s, float (&rescale)[kRows]) {
+  // hook(Int<1>{}) runs after the row max, hook(Int<2>{}) after half of the exp2s.
+  template <bool Is_first, bool Check_inf, class TS, class Hook>
+  __forceinline__ __device__ void step(TS& s, float (&rescale)[kRows], Hook&& hook) {
     constexpr int kCols = decltype(size<1>(s))::value;
     static_assert(kCols % kChains == 0);
     if constexpr (kChains == 1) {
@@ -78,6 +72,7 @@ struct OnlineSoftmax {
         CUTLASS_PRAGMA_UNROLL
         for (int k = 0; k < kCols; ++k) m = fmaxf(m, s(r, k));
         float const m_scaled = new_max<Is_first, Check_inf>(r, quad_max(m), rescale);
+        if (r == 0) hook(Int<1>{});
         float sum = 0.f;
         CUTLASS_PRAGMA_UNROLL
         for (int k = 0; k < kCols; ++k) {
@@ -86,6 +81,7 @@ struct OnlineSoftmax {
           sum += p;
         }
         add_sum<Is_first>(r, sum, rescale);
+        if (r == 0) hook(Int<2>{});
       }
     } else {
       float mx[kRows][kChains];
@@ -110,9 +106,11 @@ struct OnlineSoftmax {
       }
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < kRows; ++r) m_scaled[r] = new_max<Is_first, Check_inf>(r, mx[r][0], rescale);
+      hook(Int<1>{});
       float sum[kRows][kChains];
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < kCols; k += kChains) {
+        if (k == kCols / 2) hook(Int<2>{});
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kRows; ++r) {
           CUTLASS_PRAGMA_UNROLL

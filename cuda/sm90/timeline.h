@@ -63,10 +63,38 @@ struct StepTimelineT {
     }
   }
 };
+// Forward, per tile (same builds): what a consumer WG of CTA 0 spends between its tiles' steps.
+// Marks: tile known, Q landed, first S ready, last PV done, O stored, next tile handed over;
+// then the tile's key-block count. Stored after the step region of the buffer, [wg][tile][mark].
+constexpr int kTileTimelineTiles = 64;
+constexpr int kTileMarks = 7;
+enum TileMark { kTileStart, kTileQReady, kTileFirstS, kTileLoopEnd, kTileStored, kTileHandoff, kTileSteps };
+template <bool kEnabled>
+struct TileTimelineT {
+  uint32_t* out = nullptr;
+  uint32_t t[kTileMarks];
+  int tile = 0;
+  __device__ void init(uint32_t* buf, int wg, bool on) {
+    if constexpr (kEnabled) out = buf && on ? buf + 2 * kTimelineSteps * kTimelineMarks + wg * kTileTimelineTiles * kTileMarks : nullptr;
+  }
+  __device__ void mark(int m) {
+    if constexpr (kEnabled) t[m] = uint32_t(clock());
+  }
+  __device__ void end_tile(int steps) {
+    if constexpr (kEnabled) {
+      t[kTileSteps] = uint32_t(steps);
+      if (out && tile < kTileTimelineTiles)
+        for (int i = 0; i < kTileMarks; ++i) out[tile * kTileMarks + i] = t[i];
+      ++tile;
+    }
+  }
+};
 #ifdef JF_FWD_TIMELINE
 using StepTimeline = StepTimelineT<true>;
+using TileTimeline = TileTimelineT<true>;
 #else
 using StepTimeline = StepTimelineT<false>;
+using TileTimeline = TileTimelineT<false>;
 #endif
 #ifdef JF_BWD_TIMELINE
 using BwdStepTimeline = StepTimelineT<true>;

@@ -10,7 +10,7 @@
 
 namespace jax_flash::sm90 {
 
-constexpr size_t kTimelineBytes = 2 * kTimelineSteps * kTimelineMarks * sizeof(uint32_t);
+constexpr size_t kTimelineBytes = (2 * kTimelineSteps * kTimelineMarks + 2 * kTileTimelineTiles * kTileMarks) * sizeof(uint32_t);
 
 // intervals: the names of the kTimelineMarks - 1 spans between consecutive marks.
 inline void print_timeline(uint32_t const* dbuf, char const* title, char const* const (&intervals)[kTimelineMarks - 1]) {
@@ -30,6 +30,35 @@ inline void print_timeline(uint32_t const* dbuf, char const* title, char const* 
       for (int k = 0; k + 1 < kTimelineMarks; ++k) printf(" %*u |", int(strlen(intervals[k])), m[k + 1] - m[k]);
       printf(" %5d\n", has_next ? int(n[0] - m[0]) : -1);
     }
+}
+
+// Forward only: per tile of each consumer WG of CTA 0, the cycles between the TileMark marks,
+// then the mean over the recorded tiles (the spans a tile spends outside its steady-state steps).
+inline void print_tile_timeline(uint32_t const* dbuf, char const* title) {
+  std::vector<uint32_t> t(kTimelineBytes / sizeof(uint32_t));
+  CK(cudaMemcpy(t.data(), dbuf, kTimelineBytes, cudaMemcpyDeviceToHost));
+  uint32_t const* base = t.data() + 2 * kTimelineSteps * kTimelineMarks;
+  printf("%s, per tile (cycles)\n  wg tile |  start | wait Q | first S | steps loop | epilogue | handoff | blocks | loop/block\n", title);
+  uint32_t const t0 = base[0];
+  for (int wg = 0; wg < 2; ++wg) {
+    double sum[6] = {0, 0, 0, 0, 0, 0};
+    int n = 0;
+    for (int i = 0; i < kTileTimelineTiles; ++i) {
+      uint32_t const* m = base + (wg * kTileTimelineTiles + i) * kTileMarks;
+      if (m[kTileStart] == 0 && m[kTileHandoff] == 0) break;
+      uint32_t d[5];
+      for (int k = 0; k < 5; ++k) d[k] = m[k + 1] - m[k];
+      int const blocks = int(m[kTileSteps]);
+      if (i < 12) printf("  %2d %4d | %6d | %6u | %7u | %10u | %8u | %7u | %6d | %8.0f\n", wg, i, int(m[0] - t0), d[0], d[1], d[2],
+                         d[3], d[4], blocks, blocks > 1 ? double(d[2]) / (blocks - 1) : 0.0);
+      for (int k = 0; k < 5; ++k) sum[k] += d[k];
+      sum[5] += blocks;
+      ++n;
+    }
+    if (n)
+      printf("  %2d mean over %d tiles: wait Q %.0f, first S %.0f, loop %.0f, epilogue %.0f, handoff %.0f, blocks %.1f\n", wg, n,
+             sum[0] / n, sum[1] / n, sum[2] / n, sum[3] / n, sum[4] / n, sum[5] / n);
+  }
 }
 
 }  // namespace jax_flash::sm90

@@ -16,11 +16,15 @@ namespace jax_flash::sm90 {
 using namespace cute;
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_, int kSoftmaxChains_ = 1,
-          int kPolyEvery_ = 0>
+          int kPolyEvery_ = 0, int kSchedArrive_ = 0>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kSoftmaxChains = kSoftmaxChains_;  // OnlineSoftmax's kChains
   static constexpr int kPolyEvery = kPolyEvery_;          // OnlineSoftmax's kPolyEvery
+  // Where a consumer WG passes the GEMM-issue ring to the next WG: 0 right after issuing its
+  // GEMMs (the WGs' softmaxes overlap, offset by the tensor pipe's order), 1 after its row max,
+  // 2 after half of its exp2s, 3 after its softmax (the softmaxes strictly alternate).
+  static constexpr int kSchedArrive = kSchedArrive_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -33,6 +37,10 @@ struct FwdTraits {
   // setmaxnreg budgets: producer shrinks, consumers grow (sum <= 64K regs per SM).
   static constexpr int kProducerRegs = kMmaWGs == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kMmaWGs == 2 ? 240 : 160;
+  // setmaxnreg only moves registers within the CTA's launch allocation (the launch-bounds
+  // register count per thread, a multiple of 8): producer 32 / consumers 240 hung (NOTES.md v31).
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kMmaThreads <= (65536 / kThreads) / 8 * 8 * kThreads,
+                "setmaxnreg budgets exceed the launch allocation");
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
   using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;

@@ -1,5 +1,6 @@
 // SeqMask's hoisted tile tests (full_keys / full_rows, used by the sm90 kernels once per tile)
-// against tile_full, and tile_full against visible() element by element, over random masks
+// against tile_full, tile_full against visible() element by element, and keys_from (the
+// per-row interval of the kernels' element-wise masks) against visible(), over random masks
 // (lengths, offsets, causal in both alignments, windows). Built and run by tests/test_mask_cpp.py.
 #include <cstdio>
 #include <random>
@@ -20,6 +21,21 @@ int main() {
     m.left = pick(0, 3) == 0 ? -1 : pick(0, 25);
     m.right = pick(0, 3) == 0 ? -1 : pick(0, 25);
     int const rows = 48, keys = 48;  // beyond both lengths: padded tiles too
+    for (int i = 0; i < rows; ++i) {
+      for (int k0 = -3; k0 < keys; k0 += pick(1, 9)) {
+        int lo, hi;
+        m.keys_from(i, k0, &lo, &hi);
+        for (int d = 0; k0 + d < keys + 2; ++d) {
+          bool const by_interval = lo <= d && d < hi;
+          bool const brute = k0 + d >= 0 && m.visible(i, k0 + d);
+          ++checked;
+          if (by_interval != brute && ++failures <= 10)
+            std::printf("keys_from mismatch: q_len %d kv_len %d offset %lld left %d right %d row %d k0 %d d %d: "
+                        "interval [%d,%d) brute %d\n",
+                        m.q_len, m.kv_len, (long long)m.offset, m.left, m.right, i, k0, d, lo, hi, brute);
+        }
+      }
+    }
     for (int r0 = 0; r0 < rows; r0 += pick(1, 5)) {
       for (int r1 = r0 + 1; r1 <= rows; r1 += pick(1, 7)) {
         int klo, khi;

@@ -217,6 +217,7 @@ static void print_timeline(uint32_t* dbuf, int H, int S, int causal) {
   char title[96];
   snprintf(title, sizeof(title), "timeline H=%d S=%d causal=%d", H, S, causal);
   sm90::print_timeline(dbuf, title, {"wait K+ping-pong", "issue", "wait S", "softmax", "wait PV+conv+rescale"});
+  sm90::print_tile_timeline(dbuf, title);
 }
 #endif
 

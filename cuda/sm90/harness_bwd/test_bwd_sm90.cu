@@ -296,13 +296,14 @@ static double bench(int H, int S, bool causal, int reps) {
 
 int main(int argc, char** argv) {
   bool do_test = true, do_bench = true;
-  int only = -1, only_h = 0, only_s = 0;
+  int only = -1, only_h = 0, only_s = 0, only_causal = -1;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--no-bench")) do_bench = false;
     if (!strcmp(argv[i], "--no-test")) do_test = false;
     if (!strncmp(argv[i], "--case=", 7)) only = atoi(argv[i] + 7);
     if (!strncmp(argv[i], "--h=", 4)) only_h = atoi(argv[i] + 4);  // bench one head dim (e.g. under ncu)
     if (!strncmp(argv[i], "--s=", 4)) only_s = atoi(argv[i] + 4);  // bench one seqlen
+    if (!strncmp(argv[i], "--causal=", 9)) only_causal = atoi(argv[i] + 9);  // bench one mask kind
     if (!strcmp(argv[i], "--det")) g_det = true;  // bench the deterministic mode
 #ifdef JF_BWD_TIMELINE
     if (!strcmp(argv[i], "--timeline")) {
@@ -374,6 +375,7 @@ int main(int argc, char** argv) {
     for (int H : {64, 128, 256})
       for (int causal = 0; causal < 2; ++causal) {
         if (only_h && H != only_h) continue;
+        if (only_causal >= 0 && causal != only_causal) continue;
         printf("H=%-3d causal=%-3s      |", H, causal ? "yes" : "no");
         for (int si = 0; si < 3; ++si) {
           if (only_s && Ss[si] != only_s) { printf("   -   |"); continue; }
