@@ -154,6 +154,11 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
   clear(tOrO);
   Tensor o_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
 
+  // The GEMM-issue ring passes to the next WG at point T::kSchedArrive of the step: 0 after the
+  // GEMM issue, 1 / 2 inside the softmax (its hook), 3 after it.
+  auto arrive_at = [&](auto at) {
+    if constexpr (decltype(at)::value == T::kSchedArrive) sched_arrive<T::kMmaWGs>(wg);
+  };
   // Steady state: S(n) = Q K(n)^T and O += P(n+1) V(n+1) are in flight together; softmax of
   // S(n) runs while the PV GEMM is still executing.
   CUTLASS_PRAGMA_NO_UNROLL
@@ -168,16 +173,14 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
     wg_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
     consumer_wait(pipe_v, rd_v);
     wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, rd_v.index()), tOrO);
-    if constexpr (T::kSchedArrive == 0) sched_arrive<T::kMmaWGs>(wg);
+    arrive_at(Int<0>{});
     tl.mark(StepTimeline::kIssued);
     warpgroup_wait<1>();
     tl.mark(StepTimeline::kSReady);
     pipe_k.consumer_release(rd);
     if (n_block == n_min) q_empty_arrive<Traits>();
-    process(tSrS, n_block, cute::false_type{}, [&](auto at) {
-      if constexpr (decltype(at)::value == T::kSchedArrive) sched_arrive<T::kMmaWGs>(wg);
-    });
-    if constexpr (T::kSchedArrive == 3) sched_arrive<T::kMmaWGs>(wg);
+    process(tSrS, n_block, cute::false_type{}, arrive_at);
+    arrive_at(Int<3>{});
     tl.mark(StepTimeline::kSoftmax);
     warpgroup_wait<0>();
     pipe_v.consumer_release(rd_v);
