@@ -11,7 +11,7 @@
 namespace jax_flash::sm90 {
 
 template <class Traits, bool Softcap>
-__global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_constant__ const KernelParams<Traits> kp) {
+__global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fwd_kernel(__grid_constant__ const KernelParams<Traits> kp) {
   using T = Traits;
   extern __shared__ __align__(1024) char smem_raw[];
   auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_kernel(__grid_c
     int const wg = consumer_warpgroup();
     // The first warpgroup opens the GEMM-issue ring (once per CTA: every tile leaves exactly
     // one pending arrive for the next one).
-    if (wg == 0) cutlass::arch::NamedBarrier::arrive(256, 1);
+    if (T::kMmaWGs > 1 && wg == 0) cutlass::arch::NamedBarrier::arrive(256, 1);
     typename T::PipelineState rd;
     int q_phase = 0;
     float const log2e = 1.44269504088896340736f;

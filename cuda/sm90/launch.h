@@ -28,12 +28,15 @@ struct TileConfig;
 // SchedArrive (FwdTraits::kSchedArrive): where a WG lets the other issue its GEMMs. H=64: after
 // its row max, +3% at S >= 4k non-causal, +1% at 1k causal (after half its exp2s the same; after
 // its whole softmax -12% to -18%, NOTES.md v30). JF_FWD_ARRIVE64 overrides it for experiments.
+// ShortCausalM / ShortCausalMaxS: causal / right-bounded problems with at most ShortCausalMaxS
+// keys take ShortCausalM-row tiles instead (0 = never). H=64 with 64-row tiles (one consumer WG,
+// two CTAs per SM): causal 1k +7%, 4k +1.5%, but non-causal 16k -10% (NOTES.md v36).
 #ifndef JF_FWD_ARRIVE64
 #define JF_FWD_ARRIVE64 1
 #endif
-template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 4096, SoftmaxChains = 8, PolyEvery = 8; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
-template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 2048, SoftmaxChains = 1, PolyEvery = 0; static constexpr int SchedArrive = 0; };
-template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 0, SoftmaxChains = 8, PolyEvery = 0; static constexpr int SchedArrive = 0; };
+template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 4096, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalMaxS = 4096; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
+template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 2048, SoftmaxChains = 1, PolyEvery = 0, ShortCausalM = 0, ShortCausalMaxS = 0; static constexpr int SchedArrive = 0; };
+template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 0, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalMaxS = 0; static constexpr int SchedArrive = 0; };
 
 template <class Traits, bool Softcap>
 cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
@@ -82,22 +85,36 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
     err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream);
     if (err != cudaSuccess) return err;
   }
-  int grid = int(persistent && tiles > sms ? sms : tiles);
+  int64_t const slots = int64_t(sms) * T::kCtasPerSm;  // CTAs resident at once
+  int grid = int(persistent && tiles > slots ? slots : tiles);
   auto kernel = &flash_fwd_kernel<T, Softcap>;
   constexpr int smem = T::kSmemBytes;
   // Cheap and idempotent; keeps the launch free of any one-time global state.
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
+  if constexpr (T::kCtasPerSm > 1) {  // all of the unified L1 as smem, so kCtasPerSm CTAs fit
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+    if (err != cudaSuccess) return err;
+  }
   kernel<<<dim3(unsigned(grid)), dim3(T::kThreads), smem, stream>>>(kp);
   return cudaGetLastError();
+}
+
+template <int kHeadDim, int kBlockM, class Element>
+cudaError_t run_fwd_tiles(const FlashFwdParams& p, cudaStream_t stream) {
+  using C = TileConfig<kHeadDim>;
+  using T = FwdTraits<kHeadDim, kBlockM, C::N, C::Stages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive>;
+  if (p.softcap > 0.f) return launch_fwd<T, true>(p, stream);
+  return launch_fwd<T, false>(p, stream);
 }
 
 template <int kHeadDim, class Element>
 cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
   using C = TileConfig<kHeadDim>;
-  using T = FwdTraits<kHeadDim, C::M, C::N, C::Stages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive>;
-  if (p.softcap > 0.f) return launch_fwd<T, true>(p, stream);
-  return launch_fwd<T, false>(p, stream);
+  if constexpr (C::ShortCausalM > 0) {
+    if (p.window_right >= 0 && p.seqlen_k <= C::ShortCausalMaxS) return run_fwd_tiles<kHeadDim, C::ShortCausalM, Element>(p, stream);
+  }
+  return run_fwd_tiles<kHeadDim, C::M, Element>(p, stream);
 }
 
 }  // namespace jax_flash::sm90

@@ -56,12 +56,12 @@ __forceinline__ __device__ void producer_load(KernelParams<Traits> const& kp, ty
 // so one WG's softmax runs under the other's tensor-core work.
 template <int kMmaWGs>
 __forceinline__ __device__ void sched_sync(int wg) {
-  cutlass::arch::NamedBarrier::sync(256, 1 + wg);
+  if constexpr (kMmaWGs > 1) cutlass::arch::NamedBarrier::sync(256, 1 + wg);
 }
 template <int kMmaWGs>
 __forceinline__ __device__ void sched_arrive(int wg) {
   int next = wg + 1 == kMmaWGs ? 0 : wg + 1;
-  cutlass::arch::NamedBarrier::arrive(256, 1 + next);
+  if constexpr (kMmaWGs > 1) cutlass::arch::NamedBarrier::arrive(256, 1 + next);
 }
 
 // sQ is reused by the next tile: consumers arrive once their last QK^T has completed; the

@@ -33,13 +33,16 @@ struct FwdTraits {
   static constexpr int kMmaWGs = kBlockM / 64;
   static constexpr int kMmaThreads = kMmaWGs * 128;
   static constexpr int kThreads = kMmaThreads + 128;
-  static_assert(kMmaWGs == 2 || kMmaWGs == 3);
+  static_assert(kMmaWGs >= 1 && kMmaWGs <= 3);
+  // One consumer WG (kBlockM = 64): two CTAs per SM, whose WGs overlap each other's softmax,
+  // Q wait and epilogue without a ping-pong barrier (the hardware interleaves them).
+  static constexpr int kCtasPerSm = kMmaWGs == 1 ? 2 : 1;
   // setmaxnreg budgets: producer shrinks, consumers grow (sum <= 64K regs per SM).
-  static constexpr int kProducerRegs = kMmaWGs == 2 ? 24 : 32;
-  static constexpr int kConsumerRegs = kMmaWGs == 2 ? 240 : 160;
+  static constexpr int kProducerRegs = kMmaWGs == 3 ? 32 : 24;
+  static constexpr int kConsumerRegs = kMmaWGs == 1 ? 232 : kMmaWGs == 2 ? 240 : 160;
   // setmaxnreg only moves registers within the CTA's launch allocation (the launch-bounds
   // register count per thread, a multiple of 8): producer 32 / consumers 240 hung (NOTES.md v31).
-  static_assert(kProducerRegs * 128 + kConsumerRegs * kMmaThreads <= (65536 / kThreads) / 8 * 8 * kThreads,
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kMmaThreads <= (65536 / (kThreads * kCtasPerSm)) / 8 * 8 * kThreads,
                 "setmaxnreg budgets exceed the launch allocation");
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
