@@ -31,12 +31,17 @@ struct TileConfig;
 // ShortCausalM / ShortCausalMaxS: causal / right-bounded problems with at most ShortCausalMaxS
 // keys take ShortCausalM-row tiles instead (0 = never). H=64 with 64-row tiles (one consumer WG,
 // two CTAs per SM): causal 1k +7%, 4k +1.5%, but non-causal 16k -10% (NOTES.md v36).
+// ShortCausalN: their key-block size. H=128 (64 x 64 tiles: 96 KB of smem, two CTAs per SM) is
+// built only with -DJF_FWD_SHORT128_M=64, for a harness A/B (not measured yet).
+#ifndef JF_FWD_SHORT128_M
+#define JF_FWD_SHORT128_M 0
+#endif
 #ifndef JF_FWD_ARRIVE64
 #define JF_FWD_ARRIVE64 1
 #endif
-template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 4096, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalMaxS = 4096; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
-template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 2048, SoftmaxChains = 1, PolyEvery = 0, ShortCausalM = 0, ShortCausalMaxS = 0; static constexpr int SchedArrive = 0; };
-template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 0, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalMaxS = 0; static constexpr int SchedArrive = 0; };
+template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 4096, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalN = 128, ShortCausalMaxS = 4096; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
+template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 2048, SoftmaxChains = 1, PolyEvery = 0, ShortCausalM = JF_FWD_SHORT128_M, ShortCausalN = 64, ShortCausalMaxS = 2048; static constexpr int SchedArrive = 0; };
+template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 0, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0; static constexpr int SchedArrive = 0; };
 
 template <class Traits, bool Softcap>
 cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
@@ -100,10 +105,10 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int kHeadDim, int kBlockM, class Element>
+template <int kHeadDim, int kBlockM, int kBlockN, class Element>
 cudaError_t run_fwd_tiles(const FlashFwdParams& p, cudaStream_t stream) {
   using C = TileConfig<kHeadDim>;
-  using T = FwdTraits<kHeadDim, kBlockM, C::N, C::Stages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive>;
+  using T = FwdTraits<kHeadDim, kBlockM, kBlockN, C::Stages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive>;
   if (p.softcap > 0.f) return launch_fwd<T, true>(p, stream);
   return launch_fwd<T, false>(p, stream);
 }
@@ -112,9 +117,9 @@ template <int kHeadDim, class Element>
 cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
   using C = TileConfig<kHeadDim>;
   if constexpr (C::ShortCausalM > 0) {
-    if (p.window_right >= 0 && p.seqlen_k <= C::ShortCausalMaxS) return run_fwd_tiles<kHeadDim, C::ShortCausalM, Element>(p, stream);
+    if (p.window_right >= 0 && p.seqlen_k <= C::ShortCausalMaxS) return run_fwd_tiles<kHeadDim, C::ShortCausalM, C::ShortCausalN, Element>(p, stream);
   }
-  return run_fwd_tiles<kHeadDim, C::M, Element>(p, stream);
+  return run_fwd_tiles<kHeadDim, C::M, C::N, Element>(p, stream);
 }
 
 }  // namespace jax_flash::sm90

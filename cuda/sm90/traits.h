@@ -105,6 +105,8 @@ struct FwdTraits {
     int next_tile;  // dynamic schedule: producer -> consumers hand-off (scheduler.h)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
+  // An SM has 228 KB of smem, 1 KB of it reserved per resident CTA.
+  static_assert((kSmemBytes + 1024) * kCtasPerSm <= 228 * 1024, "kCtasPerSm CTAs do not fit one SM's smem");
 };
 
 // Everything the kernel reads, passed as one __grid_constant__ parameter (TMA descriptors
