@@ -274,7 +274,8 @@ int main(int argc, char** argv) {
   }
   if (do_bench) {
     const int Ss[3] = {1024, 4096, 16384};
-    // Reference numbers (TFLOP/s, same H200): cudnn / fa3.
+    // Reference numbers (TFLOP/s, same H200): cudnn / fa3 as the JAX benchmark measures them
+    // (ANCHORS.md). cuDNN's kernels alone run 10-20% faster at S = 1k (NOTES.md, session 10).
     const int ref[3][2][3][2] = {
         {{{375, 275}, {453, 332}, {454, 347}}, {{285, 233}, {390, 308}, {438, 329}}},
         {{{502, 528}, {630, 641}, {616, 630}}, {{334, 395}, {512, 579}, {593, 640}}},
