@@ -1,8 +1,10 @@
-// The CPU passes' tile products. Loops are ordered so the innermost one runs over contiguous
-// memory without a reduction, which compilers vectorise without reassociating floating point.
-// On x86-64 each is built twice, for AVX2+FMA (x86-64-v3) and for the baseline, and the
-// loader picks one per machine (GCC/Clang function multiversioning), so one build stays
-// portable and still uses the wide vectors where they exist.
+// The CPU passes' tile products. On x86-64 machines with AVX2 + FMA the bulk of each output
+// (4 x 16 blocks) runs in a register-blocked intrinsics kernel (blocks_avx2, picked at run
+// time); the edges, and other machines, run row loops ordered so the innermost one runs over
+// contiguous memory without a reduction, which compilers vectorise without reassociating
+// floating point. The row loops are built twice on x86-64, for AVX2+FMA (x86-64-v3) and for
+// the baseline, and the loader picks one (GCC/Clang function multiversioning), so one build
+// stays portable.
 #include "tile.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__)
