@@ -36,12 +36,23 @@ struct TileConfig;
 #ifndef JF_FWD_SHORT128_M
 #define JF_FWD_SHORT128_M 0
 #endif
+// Experiment knobs for H=64's 64-row tiles (next harness A/B, NOTES.md): ShortStages (a 3-stage
+// K / V ring fits two CTAs: 2 x 113 KB), ShortAll (non-causal problems too), ShortCausalMaxS.
+#ifndef JF_FWD_SHORT64_STAGES
+#define JF_FWD_SHORT64_STAGES 2
+#endif
+#ifndef JF_FWD_SHORT64_ALL
+#define JF_FWD_SHORT64_ALL 0
+#endif
+#ifndef JF_FWD_SHORT64_MAXS
+#define JF_FWD_SHORT64_MAXS 4096
+#endif
 #ifndef JF_FWD_ARRIVE64
 #define JF_FWD_ARRIVE64 1
 #endif
-template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 4096, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalN = 128, ShortCausalMaxS = 4096; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
-template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 2048, SoftmaxChains = 1, PolyEvery = 0, ShortCausalM = JF_FWD_SHORT128_M, ShortCausalN = 64, ShortCausalMaxS = 2048; static constexpr int SchedArrive = 0; };
-template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 0, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0; static constexpr int SchedArrive = 0; };
+template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 4096, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalN = 128, ShortCausalMaxS = JF_FWD_SHORT64_MAXS, ShortStages = JF_FWD_SHORT64_STAGES, ShortAll = JF_FWD_SHORT64_ALL; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
+template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 2048, SoftmaxChains = 1, PolyEvery = 0, ShortCausalM = JF_FWD_SHORT128_M, ShortCausalN = 64, ShortCausalMaxS = 2048, ShortStages = 2, ShortAll = 0; static constexpr int SchedArrive = 0; };
+template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 0, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, ShortStages = 2, ShortAll = 0; static constexpr int SchedArrive = 0; };
 
 template <class Traits, bool Softcap>
 cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
@@ -105,10 +116,10 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int kHeadDim, int kBlockM, int kBlockN, class Element>
+template <int kHeadDim, int kBlockM, int kBlockN, int kStages, class Element>
 cudaError_t run_fwd_tiles(const FlashFwdParams& p, cudaStream_t stream) {
   using C = TileConfig<kHeadDim>;
-  using T = FwdTraits<kHeadDim, kBlockM, kBlockN, C::Stages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive>;
+  using T = FwdTraits<kHeadDim, kBlockM, kBlockN, kStages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive>;
   if (p.softcap > 0.f) return launch_fwd<T, true>(p, stream);
   return launch_fwd<T, false>(p, stream);
 }
@@ -117,9 +128,10 @@ template <int kHeadDim, class Element>
 cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
   using C = TileConfig<kHeadDim>;
   if constexpr (C::ShortCausalM > 0) {
-    if (p.window_right >= 0 && p.seqlen_k <= C::ShortCausalMaxS) return run_fwd_tiles<kHeadDim, C::ShortCausalM, C::ShortCausalN, Element>(p, stream);
+    if ((C::ShortAll || p.window_right >= 0) && p.seqlen_k <= C::ShortCausalMaxS)
+      return run_fwd_tiles<kHeadDim, C::ShortCausalM, C::ShortCausalN, C::ShortStages, Element>(p, stream);
   }
-  return run_fwd_tiles<kHeadDim, C::M, C::N, Element>(p, stream);
+  return run_fwd_tiles<kHeadDim, C::M, C::N, C::Stages, Element>(p, stream);
 }
 
 }  // namespace jax_flash::sm90
