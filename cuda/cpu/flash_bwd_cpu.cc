@@ -75,8 +75,18 @@ struct BwdTiles {
         drop->apply_row(z.data(), r0 + i, k0, nk, 1.f);
       }
       float* db = dbias ? dbias + (r0 + i) * p.dbias_row_stride + k0 * p.dbias_col_stride : nullptr;
+      // P = exp(S - lse), 0 where masked; an empty row (lse = -inf) has P = 0 throughout.
+      if (li == kNegInf) {
+        std::fill(si, si + nk, 0.f);
+      } else {
+        exp_shifted_sum(si, nk, li);
+      }
+      if (!drop && !db && !softcap) {  // the common case, in a loop the compiler vectorises
+        for (int j = 0; j < nk; ++j) dpi[j] = si[j] * (dpi[j] - di);
+        continue;
+      }
       for (int j = 0; j < nk; ++j) {
-        const float pij = (li == kNegInf || si[j] == kNegInf) ? 0.f : std::exp(si[j] - li);
+        const float pij = si[j];
         const float ds = pij * ((drop ? dpi[j] * z[j] : dpi[j]) - di);
         if (db) db[j * p.dbias_col_stride] += ds;
         si[j] = drop ? pij * z[j] : pij;

@@ -62,12 +62,7 @@ void flash_fwd(const FlashFwdParams& p) {
           for (int j = 0; j < nk; ++j) mx = std::max(mx, si[j]);
           if (mx == kNegInf) continue;  // nothing visible in this row yet
           const float alpha = std::exp(m[i] - mx);  // exp(-inf) = 0 on the first visible block
-          float sum = 0.f;
-          for (int j = 0; j < nk; ++j) {
-            si[j] = std::exp(si[j] - mx);
-            sum += si[j];
-          }
-          l[i] = l[i] * alpha + sum;
+          l[i] = l[i] * alpha + exp_shifted_sum(si, nk, mx);
           m[i] = mx;
           if (dropout) drop.apply_row(si, r0 + i, k0, nk, 1.f);
           float* ai = acc.data() + i * H;

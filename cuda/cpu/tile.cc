@@ -119,6 +119,49 @@ bool blocked(int m, int n, int& mb, int& nb) {
 
 }  // namespace
 
+namespace {
+// exp(v), 0 below -87 (and for -inf); branch-free, so the loops calling it vectorise (tile.cc is
+// built with -fno-trapping-math for that).
+inline float exp_or_zero(float v) {
+  bool const zero = !(v >= -87.f);
+  float const c = zero ? -87.f : (v > 88.f ? 88.f : v);
+  float const n2 = (c * 1.44269504088896341f + 12582912.f) - 12582912.f;  // round(c / ln 2)
+  float const r = (c - n2 * 0.693359375f) + n2 * 2.12194440e-4f;          // c - n2 ln 2, in two parts
+  float q = 1.9875691500e-4f;
+  q = q * r + 1.3981999507e-3f;
+  q = q * r + 8.3334519073e-3f;
+  q = q * r + 4.1665795894e-2f;
+  q = q * r + 1.6666665459e-1f;
+  q = q * r + 5.0000001201e-1f;
+  q = q * r * r + r + 1.f;
+  int const bits = (int(n2) + 127) << 23;  // 2^n2, n2 in [-126, 127]
+  float scale;
+  __builtin_memcpy(&scale, &bits, sizeof scale);
+  return zero ? 0.f : q * scale;
+}
+}  // namespace
+
+JF_CPU_MULTIVERSION float exp_shifted_sum(float* __restrict__ x, int n, float shift) {
+  constexpr int kLanes = 8;  // independent partial sums, so the reduction vectorises in order
+  float part[kLanes] = {};
+  int j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      float const e = exp_or_zero(x[j + l] - shift);
+      x[j + l] = e;
+      part[l] += e;
+    }
+  }
+  for (; j < n; ++j) {
+    float const e = exp_or_zero(x[j] - shift);
+    x[j] = e;
+    part[0] += e;
+  }
+  float sum = 0.f;
+  for (int l = 0; l < kLanes; ++l) sum += part[l];
+  return sum;
+}
+
 void gemm_nt_into(int m, int n, int k, const float* a, int lda, const float* bt, int ldb, float* c, int ldc) {
   int mb, nb;
   if (!blocked(m, n, mb, nb)) return gemm_nt_into_rows(m, n, k, a, lda, bt, ldb, c, ldc);

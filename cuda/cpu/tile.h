@@ -16,6 +16,11 @@ void gemm_acc(int m, int n, int k, float alpha, const float* p, int ldp, const f
 // c[j][d] += alpha * sum_i p[i][j] * b[i][d]  (p transposed);  p: [m][ldp], b: [m][ldb], c: [n][ldc].
 void gemm_tn_acc(int m, int n, int k, float alpha, const float* p, int ldp, const float* b, int ldb, float* c, int ldc);
 
+// x[j] = exp(x[j] - shift), 0 where x[j] is -inf or the result would fall below ~1e-38 (a
+// negligible term next to the row's exp(0) = 1); returns their sum. shift must be finite.
+// Vectorised (Cody-Waite reduction, Cephes' degree-6 polynomial: within 2 ulp of std::exp).
+float exp_shifted_sum(float* x, int n, float shift);
+
 // Loads rows [r0, r0 + n) of one head into dst[n][ld] (float).
 inline void load_tile(const void* base, DType dtype, int64_t head_offset, int64_t row_stride,
                       int64_t r0, int n, int dim, float* dst, int ld) {
