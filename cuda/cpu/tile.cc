@@ -102,24 +102,19 @@ __attribute__((target("avx2,fma"))) void blocks_avx2(int mb, int nb, int kk, flo
     }
   }
 }
+#else
+bool have_avx2_fma() { return false; }
+void blocks_avx2(int, int, int, float, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, bool) {}
 #endif
 
 // The blocked part of an m x n output (rows < mb, columns < nb) when the machine has AVX2 + FMA;
 // returns false (nothing done) otherwise, and the caller's row loops do all of it.
 bool blocked(int m, int n, int& mb, int& nb) {
-#if JF_CPU_AVX2_BLOCKS
   mb = m - m % 4;
   nb = n - n % 16;
   return mb > 0 && nb > 0 && have_avx2_fma();
-#else
-  (void)m, (void)n, (void)mb, (void)nb;
-  return false;
-#endif
 }
 
-}  // namespace
-
-namespace {
 // exp(v), 0 below -87 (and for -inf); branch-free, so the loops calling it vectorise (tile.cc is
 // built with -fno-trapping-math for that).
 inline float exp_or_zero(float v) {
@@ -165,31 +160,25 @@ JF_CPU_MULTIVERSION float exp_shifted_sum(float* __restrict__ x, int n, float sh
 void gemm_nt_into(int m, int n, int k, const float* a, int lda, const float* bt, int ldb, float* c, int ldc) {
   int mb, nb;
   if (!blocked(m, n, mb, nb)) return gemm_nt_into_rows(m, n, k, a, lda, bt, ldb, c, ldc);
-#if JF_CPU_AVX2_BLOCKS
   blocks_avx2(mb, nb, k, 1.f, a, lda, 1, bt, ldb, c, ldc, true);
   if (nb < n) gemm_nt_into_rows(mb, n - nb, k, a, lda, bt + nb, ldb, c + nb, ldc);
   if (mb < m) gemm_nt_into_rows(m - mb, n, k, a + int64_t(mb) * lda, lda, bt, ldb, c + int64_t(mb) * ldc, ldc);
-#endif
 }
 
 void gemm_acc(int m, int n, int k, float alpha, const float* p, int ldp, const float* b, int ldb, float* c, int ldc) {
   int mb, kb;  // output: m rows x k columns
   if (!blocked(m, k, mb, kb)) return gemm_acc_rows(m, n, k, alpha, p, ldp, b, ldb, c, ldc);
-#if JF_CPU_AVX2_BLOCKS
   blocks_avx2(mb, kb, n, alpha, p, ldp, 1, b, ldb, c, ldc, false);
   if (kb < k) gemm_acc_rows(mb, n, k - kb, alpha, p, ldp, b + kb, ldb, c + kb, ldc);
   if (mb < m) gemm_acc_rows(m - mb, n, k, alpha, p + int64_t(mb) * ldp, ldp, b, ldb, c + int64_t(mb) * ldc, ldc);
-#endif
 }
 
 void gemm_tn_acc(int m, int n, int k, float alpha, const float* p, int ldp, const float* b, int ldb, float* c, int ldc) {
   int nb, kb;  // output: n rows x k columns
   if (!blocked(n, k, nb, kb)) return gemm_tn_acc_rows(m, n, k, alpha, p, ldp, b, ldb, c, ldc);
-#if JF_CPU_AVX2_BLOCKS
   blocks_avx2(nb, kb, m, alpha, p, 1, ldp, b, ldb, c, ldc, false);
   if (kb < k) gemm_tn_acc_rows(m, nb, k - kb, alpha, p, ldp, b + kb, ldb, c + kb, ldc);
   if (nb < n) gemm_tn_acc_rows(m, n - nb, k, alpha, p + nb, ldp, b, ldb, c + int64_t(nb) * ldc, ldc);
-#endif
 }
 
 }  // namespace jax_flash::cpu
