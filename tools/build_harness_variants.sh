@@ -3,8 +3,9 @@
 # A/B on the GPU machine (tools/harness_ab.sh):
 #   tools/build_harness_variants.sh fwd main: s128:"-DJF_FWD_SHORT128_M=64"
 #     -> cuda/sm90/harness/bin/test_sm90_main, .../test_sm90_s128
-# Each variant keeps its objects in /tmp/jf_variant_<pass>_<name> (rebuilt when a source or an
-# sm90 header is newer), so a second call after an edit recompiles only what changed.
+# Each variant keeps its objects in /tmp/jf_variant_<pass>_<name>_<hash of its flags> (rebuilt
+# when a source or an sm90 header is newer), so a second call after an edit recompiles only what
+# changed, and a name reused with other flags never links stale objects.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pass=$1; shift
@@ -15,7 +16,8 @@ case "$pass" in
 esac
 for spec in "$@"; do
   name=${spec%%:*} flags=${spec#*:}
-  OBJ_DIR=/tmp/jf_variant_${pass}_${name} EXTRA_FLAGS="-Xptxas -warn-spills $flags" \
+  obj=/tmp/jf_variant_${pass}_${name}_$(printf '%s' "$flags" | md5sum | cut -c1-8)
+  OBJ_DIR=$obj EXTRA_FLAGS="-Xptxas -warn-spills $flags" \
     cuda/sm90/build_harness.sh "$pass" > "/tmp/jf_variant_${pass}_${name}.log" 2>&1 \
     || { tail -20 "/tmp/jf_variant_${pass}_${name}.log"; exit 1; }
   mv "$dir/$bin" "$dir/${bin}_$name"
