@@ -41,12 +41,13 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
       auto wr = cutlass::make_producer_start_state<typename T::Pipeline>();
       bool q_loaded = false;
       int tile = int(blockIdx.x);
+      ProducerTimeline ptl;
+      ptl.init(kp.timeline, blockIdx.x == 0 && threadIdx.x == 0);
       for (int r = 0;; ++r) {
+        ptl.mark(kProdTop);
         int next = 0;
         if (dynamic) {
           if (tile >= kp.sched.num_tiles) break;
-          // Fetch the next tile now; its latency hides under this tile's loads.
-          if (threadIdx.x == 0) next = atomicAdd(kp.tile_counter, 1) + int(gridDim.x);
         } else {
           if (r * int(gridDim.x) >= kp.sched.num_tiles) break;
           tile = snake_tile(r);
@@ -58,12 +59,21 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
           key_block_range<T::kBlockM, T::kBlockN>(msk, tc.m_block, n_min, n_max);
           if (n_max > n_min) {
             if (q_loaded) q_empty_sync<T>();
+            ptl.mark(kProdQIssue);
             q_loaded = true;
-            if (leader) producer_load<T>(kp, ss, pipe_k, pipe_v, wr, tc.m_block, tc.h, tc.b, n_min, n_max);
+            if (leader) producer_load<T>(kp, ss, pipe_k, pipe_v, wr, tc.m_block, tc.h, tc.b, n_min, n_max, ptl);
             __syncwarp();
+            ptl.mark(kProdAllIssued);
+            ptl.end_tile();
           }
         }
         if (dynamic) {
+          // Claim the next tile only now, with this tile's loads all issued (about two key
+          // blocks before its end): a CTA takes work when it is about to run out, as hardware
+          // dispatch does, so longest-first order keeps its balance. Claimed at the start of a
+          // tile, the next tile went to the CTA that started last rather than the one finishing
+          // first (NOTES.md v39). The atomic's latency hides under the tile's last blocks.
+          if (threadIdx.x == 0) next = atomicAdd(kp.tile_counter, 1) + int(gridDim.x);
           // The consumers have read the previous hand-off before this one overwrites it.
           if (r > 0) cutlass::arch::NamedBarrier::sync(T::kMmaThreads + 32, kBarTileEmpty);
           asm volatile("" ::: "memory");

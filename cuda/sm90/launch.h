@@ -13,18 +13,22 @@ namespace jax_flash::sm90 {
 // Tile configuration per head dim (see NOTES.md for why).
 template <int kHeadDim>
 struct TileConfig;
-// PersistentCausalMaxS: causal / right-bounded problems with at most this many keys run
-// persistent (static snake order); longer ones, and all at H = 128 / 256, one CTA per tile
-// (dynamic dispatch, chunked longest-first order). Measured at S = 1k causal (NOTES.md v13):
-// persistent is +13% at H = 64 (cheap tiles: hiding the prologue matters), -7% / -17% at 128 / 256.
+// PersistentCausalMaxS: without a tile counter, causal / right-bounded problems with at most
+// this many keys run persistent (static snake order); longer ones one CTA per tile (hardware
+// dispatch, chunked longest-first order). Measured at S = 1k causal (NOTES.md v13): persistent
+// is +13% at H = 64 (cheap tiles: hiding the prologue matters), -7% / -17% at 128 / 256.
 // SoftmaxChains: independent max / sum chains per row (8: H=64 +1-3%, H=256 +1-3%; H=128 -2%
 // with 8, NOTES.md v16).
 // PolyEvery: every PolyEvery-th exp2 of a row on the FMA pipe (exp2_fma), 0 = all on the MUFU
 // (H=64: 1 in 8 +4-6% at S >= 4k, 1 in 4 +3-4%, 1 in 2 -5%; H=128 -2% with 1 in 4, NOTES.md v17).
 // DynamicCausalMaxS: causal / right-bounded problems with at most this many keys run the
 // dynamic persistent schedule when the caller gives a tile counter (scheduler.h), taking
-// precedence over PersistentCausalMaxS. Measured (NOTES.md v18): H=128 S=1k +6%, H=64 S=4k +3%;
-// longer sequences lose 1-13% against one CTA per tile (H=256 everywhere).
+// precedence over PersistentCausalMaxS. Since a CTA claims its next tile near the end of the
+// current one (v39), it beats one CTA per tile at every length at H=128 / 256 (S=1k-16k:
+// H=128 +4% / +3% / +0.5%, H=256 +5% / +1% / +0.4%); H=64 keeps 4096 (not measured beyond).
+// ChunkMB: K + V bytes per longest-first chunk of heads (heads_per_l2_chunk). H=256 with 32 MB:
+// +3-8% at S=1k / 4k over 8 MB, whose chunks held fewer tiles than there are SMs (2 heads x 32
+// query blocks at 4k); H=128 lost 1% with 32 MB (NOTES.md v39).
 // SchedArrive (FwdTraits::kSchedArrive): where a WG lets the other issue its GEMMs. H=64: after
 // its row max, +3% at S >= 4k non-causal, +1% at 1k causal (after half its exp2s the same; after
 // its whole softmax -12% to -18%, NOTES.md v30). JF_FWD_ARRIVE64 overrides it for experiments.
@@ -32,12 +36,13 @@ struct TileConfig;
 // keys take ShortCausalM-row tiles instead (0 = never). H=64 with 64-row tiles (one consumer WG,
 // two CTAs per SM): causal 1k +7%, 4k +1.5%, but non-causal 16k -10% (NOTES.md v36).
 // ShortCausalN: their key-block size. H=128 (64 x 64 tiles: 96 KB of smem, two CTAs per SM) is
-// built only with -DJF_FWD_SHORT128_M=64, for a harness A/B (not measured yet).
+// built only with -DJF_FWD_SHORT128_M=64: -2% at 1k causal (NOTES.md v37), so off.
 #ifndef JF_FWD_SHORT128_M
 #define JF_FWD_SHORT128_M 0
 #endif
-// Experiment knobs for H=64's 64-row tiles (next harness A/B, NOTES.md): ShortStages (a 3-stage
-// K / V ring fits two CTAs: 2 x 113 KB), ShortAll (non-causal problems too), ShortCausalMaxS.
+// Experiment knobs for H=64's 64-row tiles: ShortStages (a 3-stage K / V ring fits two CTAs:
+// 2 x 113 KB), ShortAll (non-causal problems too), ShortCausalMaxS. All three together were
+// neutral (NOTES.md v38).
 #ifndef JF_FWD_SHORT64_STAGES
 #define JF_FWD_SHORT64_STAGES 2
 #endif
@@ -50,9 +55,9 @@ struct TileConfig;
 #ifndef JF_FWD_ARRIVE64
 #define JF_FWD_ARRIVE64 1
 #endif
-template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 4096, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalN = 128, ShortCausalMaxS = JF_FWD_SHORT64_MAXS, ShortStages = JF_FWD_SHORT64_STAGES, ShortAll = JF_FWD_SHORT64_ALL; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
-template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 2048, SoftmaxChains = 1, PolyEvery = 0, ShortCausalM = JF_FWD_SHORT128_M, ShortCausalN = 64, ShortCausalMaxS = 2048, ShortStages = 2, ShortAll = 0; static constexpr int SchedArrive = 0; };
-template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 0, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, ShortStages = 2, ShortAll = 0; static constexpr int SchedArrive = 0; };
+template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 4096, ChunkMB = 8, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalN = 128, ShortCausalMaxS = JF_FWD_SHORT64_MAXS, ShortStages = JF_FWD_SHORT64_STAGES, ShortAll = JF_FWD_SHORT64_ALL; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
+template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 1, PolyEvery = 0, ShortCausalM = JF_FWD_SHORT128_M, ShortCausalN = 64, ShortCausalMaxS = 2048, ShortStages = 2, ShortAll = 0; static constexpr int SchedArrive = 0; };
+template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 32, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, ShortStages = 2, ShortAll = 0; static constexpr int SchedArrive = 0; };
 
 template <class Traits, bool Softcap>
 cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
@@ -94,7 +99,7 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   // Longest-first in chunks of heads only when tiles are taken in index order: the static snake
   // order balances only a globally sorted tile list (chunked, S=1k causal lost 6-20%, NOTES.md v11).
   int const num_bh = p.heads_q * p.batch;
-  kp.sched = {m_blocks, num_bh, p.heads_q, persistent && !dynamic ? num_bh : heads_per_l2_chunk(kv_bytes), int(tiles),
+  kp.sched = {m_blocks, num_bh, p.heads_q, persistent && !dynamic ? num_bh : heads_per_l2_chunk(kv_bytes, TileConfig<T::kHeadDim>::ChunkMB), int(tiles),
               longest_first ? TileOrder::kLastBlockLongest : TileOrder::kByHead};
   kp.tile_counter = dynamic ? p.tile_counter : nullptr;
   if (dynamic) {

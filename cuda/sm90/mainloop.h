@@ -12,7 +12,7 @@ template <class Traits>
 __forceinline__ __device__ void producer_load(KernelParams<Traits> const& kp, typename Traits::SharedStorage& ss,
                                               typename Traits::Pipeline& pipe_k, typename Traits::Pipeline& pipe_v,
                                               typename Traits::PipelineState& wr, int m_block, int h, int b,
-                                              int n_min, int n_max) {
+                                              int n_min, int n_max, ProducerTimeline& ptl) {
   using T = Traits;
   FlashFwdParams const& p = kp.p;
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
@@ -48,6 +48,7 @@ __forceinline__ __device__ void producer_load(KernelParams<Traits> const& kp, ty
     copy(kp.tma_k.with(*pipe_k.producer_get_barrier(wr), 0, TMA::CacheHintSm90::EVICT_LAST), tKg(_, n), tKs(_, wr.index()));
     pipe_v.producer_acquire(wr);
     copy(kp.tma_v.with(*pipe_v.producer_get_barrier(wr), 0, TMA::CacheHintSm90::EVICT_LAST), tVg(_, n), tVs(_, wr.index()));
+    if (n == n_max - 1) ptl.mark(kProdFirstKV);
     ++wr;
   }
 }

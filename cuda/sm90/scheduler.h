@@ -30,11 +30,11 @@ struct TileSchedule {
   TileOrder order;
 };
 
-// Heads per longest-first chunk: about kChunkBytes of per-head operands (K/V forward, Q/dO
-// backward) per chunk, so the ~2 chunks in flight stay well inside the 50 MB L2.
-inline int heads_per_l2_chunk(int64_t bytes_per_head) {
-  constexpr int64_t kChunkBytes = int64_t(8) << 20;
-  int64_t const h = bytes_per_head > 0 ? kChunkBytes / bytes_per_head : kChunkBytes;
+// Heads per longest-first chunk: about chunk_mb MB of per-head operands (K/V forward, Q/dO
+// backward) per chunk, so the ~2 chunks in flight stay inside the 50 MB L2.
+inline int heads_per_l2_chunk(int64_t bytes_per_head, int chunk_mb = 8) {
+  int64_t const chunk_bytes = int64_t(chunk_mb) << 20;
+  int64_t const h = bytes_per_head > 0 ? chunk_bytes / bytes_per_head : chunk_bytes;
   return int(h < 1 ? 1 : (h > (1 << 20) ? (1 << 20) : h));
 }
 
@@ -65,12 +65,13 @@ __forceinline__ __device__ int snake_tile(int r) {
   return r * g + ((r & 1) ? g - 1 - i : i);
 }
 
-// Dynamic persistent schedule (forward): grid = min(#SMs, tiles), CTA i starts with tile i, and
-// each CTA's producer takes its next tile from a global counter (zeroed before the launch) while
-// it loads the current one, then hands it to the consumers through smem (named barriers
-// kBarTileFull / kBarTileEmpty). Tiles come off the counter in index order (longest first under
-// causal masks), so the balance is that of the hardware's CTA dispatch, and the persistent
-// CTA still overlaps a tile's epilogue with the next tile's loads.
+// Dynamic persistent schedule (forward): grid = min(CTA slots, tiles), CTA i starts with tile i,
+// and each CTA's producer takes its next tile from a global counter (zeroed before the launch)
+// once it has issued the current tile's last loads, then hands it to the consumers through smem
+// (named barriers kBarTileFull / kBarTileEmpty). Tiles come off the counter in index order
+// (longest first under causal masks) as CTAs near the end of their work, so the balance is that
+// of the hardware's CTA dispatch, and the persistent CTA still overlaps a tile's epilogue with
+// the next tile's loads.
 constexpr int kBarTileFull = 6, kBarTileEmpty = 7;
 
 // Key blocks [n_min, n_max) that rows [m0, m0 + kBlockM) can see (empty when n_max <= n_min).

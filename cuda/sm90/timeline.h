@@ -89,12 +89,40 @@ struct TileTimelineT {
     }
   }
 };
+// Forward, per tile of CTA 0's producer (same builds): when it starts the round, when it may
+// overwrite Q (after the Q-empty barrier: Q's load goes out), when the tile's first K and V
+// are issued, when all its loads are issued. Same clock as the consumers' marks (one SM).
+// Stored after the consumers' tile region, [tile][mark].
+constexpr int kProdMarks = 4;
+enum ProdMark { kProdTop, kProdQIssue, kProdFirstKV, kProdAllIssued };
+template <bool kEnabled>
+struct ProducerTimelineT {
+  uint32_t* out = nullptr;
+  uint32_t t[kProdMarks] = {0, 0, 0, 0};
+  int tile = 0;
+  __device__ void init(uint32_t* buf, bool on) {
+    if constexpr (kEnabled)
+      out = buf && on ? buf + 2 * kTimelineSteps * kTimelineMarks + 2 * kTileTimelineTiles * kTileMarks : nullptr;
+  }
+  __device__ void mark(int m) {
+    if constexpr (kEnabled) t[m] = uint32_t(clock());
+  }
+  __device__ void end_tile() {
+    if constexpr (kEnabled) {
+      if (out && tile < kTileTimelineTiles)
+        for (int i = 0; i < kProdMarks; ++i) out[tile * kProdMarks + i] = t[i];
+      ++tile;
+    }
+  }
+};
 #ifdef JF_FWD_TIMELINE
 using StepTimeline = StepTimelineT<true>;
 using TileTimeline = TileTimelineT<true>;
+using ProducerTimeline = ProducerTimelineT<true>;
 #else
 using StepTimeline = StepTimelineT<false>;
 using TileTimeline = TileTimelineT<false>;
+using ProducerTimeline = ProducerTimelineT<false>;
 #endif
 #ifdef JF_BWD_TIMELINE
 using BwdStepTimeline = StepTimelineT<true>;

@@ -10,7 +10,8 @@
 
 namespace jax_flash::sm90 {
 
-constexpr size_t kTimelineBytes = (2 * kTimelineSteps * kTimelineMarks + 2 * kTileTimelineTiles * kTileMarks) * sizeof(uint32_t);
+constexpr size_t kTimelineBytes =
+    (2 * kTimelineSteps * kTimelineMarks + 2 * kTileTimelineTiles * kTileMarks + kTileTimelineTiles * kProdMarks) * sizeof(uint32_t);
 
 // intervals: the names of the kTimelineMarks - 1 spans between consecutive marks.
 inline void print_timeline(uint32_t const* dbuf, char const* title, char const* const (&intervals)[kTimelineMarks - 1]) {
@@ -59,6 +60,26 @@ inline void print_tile_timeline(uint32_t const* dbuf, char const* title) {
       printf("  %2d mean over %d tiles: wait Q %.0f, first S %.0f, loop %.0f, epilogue %.0f, handoff %.0f, blocks %.1f\n", wg, n,
              sum[0] / n, sum[1] / n, sum[2] / n, sum[3] / n, sum[4] / n, sum[5] / n);
   }
+  // The producer's marks of the same tiles, relative to WG 0's tile start (negative = before it).
+  uint32_t const* prod = base + 2 * kTileTimelineTiles * kTileMarks;
+  printf("  producer vs WG0 tile start (cycles) | round top | Q issued | first K+V issued | all issued | Q landed\n");
+  double psum[5] = {0, 0, 0, 0, 0};
+  int pn = 0;
+  for (int i = 0; i < kTileTimelineTiles; ++i) {
+    uint32_t const* m = base + i * kTileMarks;
+    uint32_t const* pm = prod + i * kProdMarks;
+    if ((m[kTileStart] == 0 && m[kTileHandoff] == 0) || pm[kProdTop] == 0) break;
+    int d[5];
+    for (int k = 0; k < kProdMarks; ++k) d[k] = int(pm[k] - m[kTileStart]);
+    d[4] = int(m[kTileQReady] - m[kTileStart]);
+    if (i < 12) printf("  tile %4d | %9d | %8d | %16d | %10d | %8d\n", i, d[0], d[1], d[2], d[3], d[4]);
+    if (i > 0)  // the first tile has no previous tile to overlap
+      for (int k = 0; k < 5; ++k) psum[k] += d[k];
+    pn += i > 0;
+  }
+  if (pn)
+    printf("  mean over tiles 1..%d: round top %.0f, Q issued %.0f, first K+V %.0f, all issued %.0f, Q landed %.0f\n", pn,
+           psum[0] / pn, psum[1] / pn, psum[2] / pn, psum[3] / pn, psum[4] / pn);
 }
 
 }  // namespace jax_flash::sm90
