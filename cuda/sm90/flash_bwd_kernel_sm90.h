@@ -58,6 +58,7 @@ struct BwdTraits {
   // Work split of the two consumer WGs (see the top of this file): by keys when the CTA has
   // 128 keys, by head_dim (and query rows for S / dP) when it has 64.
   static constexpr bool kSplitD = kBlockN == 64;
+  static constexpr int kTileRing = 2;  // dynamic schedule: tiles handed over ahead of their use
   static_assert((kBlockN == 128 || kBlockN == 64) && kBlockM % 64 == 0);
   static constexpr int kStagesdO = kSplitD ? 1 : kStages;
   // dQ partial of one step: kdQFrag floats per consumer thread, one WG's part contiguous.
@@ -158,6 +159,11 @@ struct BwdTraits {
     alignas(16) cutlass::arch::ClusterBarrier barrier_kv_empty;         // consumers done with them
     alignas(16) typename Pipeline::SharedStorage pipe_q;
     alignas(16) typename PipelinedO::SharedStorage pipe_do;
+    // Dynamic schedule only (BwdTileQueue): the producer's tile hand-off ring (inside the
+    // struct's 1024-byte tail padding, so the size stays the same).
+    alignas(16) cutlass::arch::ClusterBarrier tile_full[kTileRing];
+    alignas(16) cutlass::arch::ClusterBarrier tile_empty[kTileRing];
+    int tile_ring[kTileRing];
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "sm90 shared memory per block");
@@ -176,6 +182,7 @@ struct BwdKernelParams {
   float softcap_mult;  // scale / softcap (tanh argument), softcap variant only
   int64_t acc_rows, acc_cols;
   TileSchedule sched;  // (key block, kv head, batch) tiles
+  int* tile_counter;   // dynamic schedule (flash_bwd_kernel<..., Dynamic = true>), else nullptr
   uint32_t* timeline;  // diagnostic builds only (timeline.h, JF_BWD_TIMELINE), else nullptr
 };
 
@@ -209,9 +216,8 @@ struct BwdTile {
   }
 };
 template <class T>
-__forceinline__ __device__ BwdTile bwd_tile(BwdKernelParams<T> const& kp, int r) {
+__forceinline__ __device__ BwdTile bwd_tile(BwdKernelParams<T> const& kp, int linear) {
   BwdTile w{};
-  int const linear = snake_tile(r);
   w.done = linear >= kp.sched.num_tiles;
   if (w.done) return w;
   w.t = get_tile(linear, kp.sched);
@@ -219,6 +225,28 @@ __forceinline__ __device__ BwdTile bwd_tile(BwdKernelParams<T> const& kp, int r)
   w.n_iters = w.nm * (kp.p.heads_q / kp.p.heads_kv);
   return w;
 }
+
+// The tile of round r for the consumers and dQ writers of a CTA (a linear index; >= num_tiles:
+// none left). Static: round r's tile in snake order. Dynamic (persistent causal launches,
+// experiment: JF_BWD_DYNAMIC): the producer claims tiles from a global counter, each once it
+// has issued the previous tile's loads (as the forward's v39), and hands them over through a
+// kTileRing-deep ring in smem: it waits tile_empty, writes the slot, arrives on tile_full
+// (release); every reader thread waits tile_full (acquire), reads, arrives on tile_empty.
+template <class T, bool Dynamic>
+__forceinline__ __device__ int bwd_next_tile(typename T::SharedStorage& ss, int r) {
+  if constexpr (!Dynamic) {
+    return snake_tile(r);
+  } else {
+    int const slot = r % T::kTileRing;
+    ss.tile_full[slot].wait((r / T::kTileRing) & 1);
+    int const linear = *reinterpret_cast<int volatile*>(&ss.tile_ring[slot]);
+    ss.tile_empty[slot].arrive();
+    return linear;
+  }
+}
+// Reader threads per hand-off: both consumer WGs, and the key split's two dQ writer warps.
+template <class T>
+constexpr int kBwdTileReaders = T::kMmaThreads + (T::kSplitD ? 0 : 64);
 
 // Named barrier ids, as passed to cutlass::arch::NamedBarrier (which adds its 8 reserved ids:
 // hardware ids 8..15, so user ids must stay below 8).
@@ -280,7 +308,7 @@ __forceinline__ __device__ void bulk_reduce_add_f32(float* gmem, float const* sm
 // sync on kBwdBarDQEmpty before restaging, a step later. The writer walks the same tile / step
 // sequence as the consumers (bwd_tile), so only the fragment passes through smem.
 // Deterministic: the turn wait is here too, off the consumers' path.
-template <class T, bool Deterministic>
+template <class T, bool Deterministic, bool Dynamic>
 __device__ void bwd_dq_writer(BwdKernelParams<T> const& kp, typename T::SharedStorage& ss, int wg) {
   FlashBwdParams const& p = kp.p;
   float const* stage = ss.dq.data() + wg * T::kdQStageFloats;
@@ -288,7 +316,7 @@ __device__ void bwd_dq_writer(BwdKernelParams<T> const& kp, typename T::SharedSt
   int const group = p.heads_q / p.heads_kv;
   named_arrive(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);  // starts empty
   for (int r = 0;; ++r) {
-    BwdTile const w = bwd_tile(kp, r);
+    BwdTile const w = bwd_tile(kp, bwd_next_tile<T, Dynamic>(ss, r));
     if (w.done) break;
     SeqMask const msk = make_seq_mask(p, w.t.b);
     BwdStep st = w.first_step(group);
@@ -322,7 +350,7 @@ __forceinline__ __device__ void bwd_consumer_wait(Pipe& pipe, State& st) {
   pipe.consumer_wait(st, tok);
 }  // named barrier: both consumer WGs wrote their dS^T half
 
-template <class Traits, bool Softcap, bool Deterministic>
+template <class Traits, bool Softcap, bool Deterministic, bool Dynamic = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_constant__ const BwdKernelParams<Traits> kp) {
   using T = Traits;
   using Element = typename T::Element;
@@ -337,6 +365,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   if (threadIdx.x == 0) {
     ss.barrier_kv.init(1);
     ss.barrier_kv_empty.init(T::kMmaThreads);
+    if constexpr (Dynamic) {
+      for (int i = 0; i < T::kTileRing; ++i) {
+        ss.tile_full[i].init(1);
+        ss.tile_empty[i].init(kBwdTileReaders<T>);
+      }
+    }
   }
   typename T::Pipeline::Params pp;
   pp.role = warp_group == 0 ? T::Pipeline::ThreadCategory::Producer : T::Pipeline::ThreadCategory::Consumer;
@@ -377,12 +411,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       auto wr = cutlass::make_producer_start_state<typename T::Pipeline>();
       auto wr_do = cutlass::make_producer_start_state<typename T::PipelinedO>();
       int loaded = 0;
+      int claimed = int(blockIdx.x);  // dynamic: the CTA's first tile is its own index
       for (int r = 0;; ++r) {
-        BwdTile const w = bwd_tile(kp, r);
+        if constexpr (Dynamic) {  // hand this round's tile to the consumers and dQ writers
+          int const slot = r % T::kTileRing;
+          ss.tile_empty[slot].wait(((r / T::kTileRing) & 1) ^ 1);  // passes at once in the first rounds
+          *reinterpret_cast<int volatile*>(&ss.tile_ring[slot]) = claimed;
+          ss.tile_full[slot].arrive();
+        }
+        BwdTile const w = bwd_tile(kp, Dynamic ? claimed : snake_tile(r));
         if (w.done) break;
         TileCoord const t = w.t;
         int const n_iters = w.n_iters;
-        if (n_iters == 0) continue;
+        if (n_iters == 0) {
+          if constexpr (Dynamic) claimed = atomicAdd(kp.tile_counter, 1) + int(gridDim.x);
+          continue;
+        }
         // K / V are single-buffered: the previous tile's consumers must be done with them.
         if (loaded > 0) ss.barrier_kv_empty.wait((loaded - 1) & 1);
         Tensor gK = local_tile(mK_all(_, _, t.h, t.b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));
@@ -412,11 +456,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           ++wr_do;
         }
         ++loaded;
+        // Dynamic: the next tile is claimed once this one's loads are all issued, near its end.
+        if constexpr (Dynamic) claimed = atomicAdd(kp.tile_counter, 1) + int(gridDim.x);
       }
       pipe_q.producer_tail(wr);
       pipe_do.producer_tail(wr_do);
     } else if (!T::kSplitD && (warp_in_wg == 1 || warp_in_wg == 2)) {
-      bwd_dq_writer<T, Deterministic>(kp, ss, warp_in_wg - 1);
+      bwd_dq_writer<T, Deterministic, Dynamic>(kp, ss, warp_in_wg - 1);
     }
     return;
   }
@@ -495,7 +541,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   tl.init(kp.timeline, wg, blockIdx.x == 0 && tidx % 128 == 0);
   int loaded = 0;
   for (int r = 0;; ++r) {
-    BwdTile const w = bwd_tile(kp, r);
+    BwdTile const w = bwd_tile(kp, bwd_next_tile<T, Dynamic>(ss, r));
     if (w.done) break;
     int const n_block = w.t.m_block, h_kv = w.t.h, b = w.t.b;
     SeqMask const msk = make_seq_mask(p, b);

@@ -19,6 +19,12 @@ struct BwdTileConfig;
 #ifndef JF_BWD_POLY128
 #define JF_BWD_POLY128 8
 #endif
+// Experiment (not in the default build): JF_BWD_DYNAMIC=1 instantiates the dynamic persistent
+// schedule (BwdTileQueue) for causal / right-bounded problems whose caller passes a tile
+// counter (FlashFwdParams::tile_counter; the FFI passes none, the harness's --dynamic does).
+#ifndef JF_BWD_DYNAMIC
+#define JF_BWD_DYNAMIC 0
+#endif
 template <> struct BwdTileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PolyEvery = JF_BWD_POLY64; };
 template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, Stages = 2, PolyEvery = JF_BWD_POLY128; };
 // 64 keys per CTA: the WGs split head_dim (BwdTraits::kSplitD).
@@ -77,6 +83,7 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   constexpr int smem = T::kSmemBytes;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
+  kp.tile_counter = nullptr;
   // Causal / right-bounded masks: the first key blocks (the longest) first, over chunks of
   // heads, so the longest tiles do not start last. Otherwise a head's key blocks stay adjacent
   // (Q/dO in L2). Persistent (one CTA per SM, snake order) overlaps a tile's dK/dV stores with
@@ -96,7 +103,20 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   // launched already: one CTA per tile, in tile order.
   bool const persistent = !longest_first && !p.deterministic;
   int const grid = int(persistent && tiles > sms ? sms : tiles);
-  kernel<<<dim3(unsigned(grid)), dim3(T::kThreads), smem, stream>>>(kp);
+  bool launched = false;
+  if constexpr (JF_BWD_DYNAMIC && !Deterministic) {
+    if (longest_first && p.tile_counter != nullptr) {
+      auto dyn_kernel = &flash_bwd_kernel<T, Softcap, false, true>;
+      err = cudaFuncSetAttribute(dyn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (err != cudaSuccess) return err;
+      err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream);
+      if (err != cudaSuccess) return err;
+      kp.tile_counter = p.tile_counter;
+      dyn_kernel<<<dim3(unsigned(tiles > sms ? sms : tiles)), dim3(T::kThreads), smem, stream>>>(kp);
+      launched = true;
+    }
+  }
+  if (!launched) kernel<<<dim3(unsigned(grid)), dim3(T::kThreads), smem, stream>>>(kp);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
