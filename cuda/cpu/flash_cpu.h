@@ -7,9 +7,11 @@
 namespace jax_flash::cpu {
 
 // Rows of queries and keys per tile. Small enough that a tile of Q, K^T, V and the score
-// block stay in L2 for head dims up to 256. 64 query rows: each K^T / V tile serves twice the
-// rows of 32 (forward -6% at H=64, -10% at H=256; 128 keys gained nothing; session 10).
-constexpr int kBlockQ = 64;
+// block stay in L2 for head dims up to 256 (~400 KB at H=256). Each K^T / V tile is converted
+// once per kBlockQ query rows: 64 rows instead of 32 gave forward -6% at H=64 and -10% at
+// H=256 (session 10), 128 instead of 64 -3% / -6% (fwd+bwd -2%), 256 a further -2% forward
+// without a backward gain (session 11, benchmarks/cpu-2026-11-29.md); 128 keys gained nothing.
+constexpr int kBlockQ = 128;
 constexpr int kBlockK = 64;
 
 void flash_fwd(const FlashFwdParams& p);
