@@ -52,10 +52,15 @@ struct TileConfig;
 #ifndef JF_FWD_SHORT64_MAXS
 #define JF_FWD_SHORT64_MAXS 4096
 #endif
+// Experiment knob: H=64's DynamicCausalMaxS (> 4096: causal problems on 128-row tiles take the
+// dynamic schedule too; not measured since v39).
+#ifndef JF_FWD_DYN64_MAXS
+#define JF_FWD_DYN64_MAXS 4096
+#endif
 #ifndef JF_FWD_ARRIVE64
 #define JF_FWD_ARRIVE64 1
 #endif
-template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 4096, ChunkMB = 8, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalN = 128, ShortCausalMaxS = JF_FWD_SHORT64_MAXS, ShortStages = JF_FWD_SHORT64_STAGES, ShortAll = JF_FWD_SHORT64_ALL; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
+template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = JF_FWD_DYN64_MAXS, ChunkMB = 8, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalN = 128, ShortCausalMaxS = JF_FWD_SHORT64_MAXS, ShortStages = JF_FWD_SHORT64_STAGES, ShortAll = JF_FWD_SHORT64_ALL; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
 template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 1, PolyEvery = 0, ShortCausalM = JF_FWD_SHORT128_M, ShortCausalN = 64, ShortCausalMaxS = 2048, ShortStages = 2, ShortAll = 0; static constexpr int SchedArrive = 0; };
 template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 32, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, ShortStages = 2, ShortAll = 0; static constexpr int SchedArrive = 0; };
 

@@ -1,7 +1,7 @@
 // Standalone correctness + speed harness for the sm90 forward (flash_fwd_sm90).
 // Correctness: float64 CPU reference; ours must be within 2x the error of a naive
 // same-dtype computation + a small absolute epsilon; empty rows must be exactly 0 / -inf.
-// Speed: the benchmark grid (B*S = 16384, N*H = 2048, bf16), median TFLOP/s.
+// Speed: the benchmark grid (B*S = 16384, N*H = 2048, bf16; --fp16 for float16), median TFLOP/s.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -183,11 +183,13 @@ static bool run_case(const Case& c, uint64_t seed) {
   return ok;
 }
 
+static bool g_fp16 = false;  // --fp16: bench float16 instead of bfloat16
 static double bench(int H, int S, bool causal, int reps) {
   int B = 16384 / S, N = 2048 / H;
   FlashFwdParams p;
   p.batch = B; p.seqlen_q = S; p.seqlen_k = S; p.heads_q = N; p.heads_kv = N; p.head_dim = H;
-  p.dtype = DType::kBFloat16; p.scale = 1.f / std::sqrt(float(H)); p.causal = causal; p.window_right = causal ? 0 : -1;
+  p.dtype = g_fp16 ? DType::kFloat16 : DType::kBFloat16;
+  p.scale = 1.f / std::sqrt(float(H)); p.causal = causal; p.window_right = causal ? 0 : -1;
   size_t n = size_t(B) * S * N * H;
   void *q, *k, *v, *o; float* lse;
   CK(cudaMalloc(&q, n * 2)); CK(cudaMalloc(&k, n * 2)); CK(cudaMalloc(&v, n * 2)); CK(cudaMalloc(&o, n * 2));
@@ -198,7 +200,7 @@ static double bench(int H, int S, bool causal, int reps) {
   std::mt19937 g(1);
   std::normal_distribution<float> nd;
   for (void* x : {q, k, v}) {
-    for (auto& e : h) e = from_f(nd(g), true);
+    for (auto& e : h) e = from_f(nd(g), !g_fp16);
     CK(cudaMemcpy(x, h.data(), n * 2, cudaMemcpyHostToDevice));
   }
   p.q = q; p.k = k; p.v = v; p.o = o; p.lse = lse;
@@ -228,6 +230,7 @@ int main(int argc, char** argv) {
   bool static_schedule = false;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--no-bench")) do_bench = false;
+    if (!strcmp(argv[i], "--fp16")) g_fp16 = true;
     if (!strcmp(argv[i], "--static-schedule")) static_schedule = true;
     if (!strcmp(argv[i], "--no-test")) do_test = false;
     if (!strncmp(argv[i], "--h=", 4)) hdims = {atoi(argv[i] + 4)};
@@ -280,7 +283,7 @@ int main(int argc, char** argv) {
         {{{375, 275}, {453, 332}, {454, 347}}, {{285, 233}, {390, 308}, {438, 329}}},
         {{{502, 528}, {630, 641}, {616, 630}}, {{334, 395}, {512, 579}, {593, 640}}},
         {{{529, 0}, {684, 0}, {663, 0}}, {{327, 0}, {554, 0}, {592, 0}}}};
-    printf("\n   H causal |  S=1k ours (cudnn/fa3) |  S=4k ours (cudnn/fa3) | S=16k ours (cudnn/fa3)\n");
+    printf("\n   H causal%s |  S=1k ours (cudnn/fa3) |  S=4k ours (cudnn/fa3) | S=16k ours (cudnn/fa3)\n", g_fp16 ? " (fp16)" : "");
     for (int H : hdims) {
       int hi = H == 64 ? 0 : H == 128 ? 1 : 2;
       for (int causal = 0; causal < 2; ++causal) {
