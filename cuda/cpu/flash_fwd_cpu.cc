@@ -58,8 +58,7 @@ void flash_fwd(const FlashFwdParams& p) {
         for (int i = 0; i < nr; ++i) {
           float* si = s.data() + i * kBlockK;
           logits.row(si, r0 + i, k0, nk, kind, nullptr, bias_buf.data());
-          float mx = m[i];
-          for (int j = 0; j < nk; ++j) mx = std::max(mx, si[j]);
+          const float mx = row_max(si, nk, m[i]);
           if (mx == kNegInf) continue;  // nothing visible in this row yet
           const float alpha = std::exp(m[i] - mx);  // exp(-inf) = 0 on the first visible block
           l[i] = l[i] * alpha + exp_shifted_sum(si, nk, mx);

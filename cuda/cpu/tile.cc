@@ -7,6 +7,8 @@
 // stays portable.
 #include "tile.h"
 
+#include <algorithm>
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__)
 #define JF_CPU_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
 #define JF_CPU_AVX2_BLOCKS 1
@@ -155,6 +157,21 @@ JF_CPU_MULTIVERSION float exp_shifted_sum(float* __restrict__ x, int n, float sh
   float sum = 0.f;
   for (int l = 0; l < kLanes; ++l) sum += part[l];
   return sum;
+}
+
+// Eight independent running maxima, so the loop vectorises (max is exact: any order gives the
+// same result); std::max(m, x) keeps m when x is NaN, as maxps(x, m) does.
+JF_CPU_MULTIVERSION float row_max(const float* __restrict__ x, int n, float init) {
+  constexpr int kLanes = 8;
+  float part[kLanes];
+  for (int l = 0; l < kLanes; ++l) part[l] = init;
+  int j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) part[l] = std::max(part[l], x[j + l]);
+  for (; j < n; ++j) part[0] = std::max(part[0], x[j]);
+  float m = part[0];
+  for (int l = 1; l < kLanes; ++l) m = std::max(m, part[l]);
+  return m;
 }
 
 void gemm_nt_into(int m, int n, int k, const float* a, int lda, const float* bt, int ldb, float* c, int ldc) {

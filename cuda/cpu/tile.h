@@ -20,6 +20,8 @@ void gemm_tn_acc(int m, int n, int k, float alpha, const float* p, int ldp, cons
 // negligible term next to the row's exp(0) = 1); returns their sum. shift must be finite.
 // Vectorised (Cody-Waite reduction, Cephes' degree-6 polynomial: within 2 ulp of std::exp).
 float exp_shifted_sum(float* x, int n, float shift);
+// max(init, x[0], ..., x[n - 1]) as std::max folds it (a NaN element is passed over).
+float row_max(const float* x, int n, float init);
 
 // Loads rows [r0, r0 + n) of one head into dst[n][ld] (float).
 inline void load_tile(const void* base, DType dtype, int64_t head_offset, int64_t row_stride,
