@@ -104,9 +104,27 @@ __attribute__((target("avx2,fma"))) void blocks_avx2(int mb, int nb, int kk, flo
     }
   }
 }
+
+bool have_f16c() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  }();
+  return yes;
+}
+
+// float16 -> float32, 8 at a time (vcvtph2ps: exact for every half, subnormals included).
+__attribute__((target("avx,f16c"))) int widen_fp16_f16c(const uint16_t* s, int n, float* d) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+  return i;
+}
 #else
 bool have_avx2_fma() { return false; }
 void blocks_avx2(int, int, int, float, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, bool) {}
+bool have_f16c() { return false; }
+int widen_fp16_f16c(const uint16_t*, int, float*) { return 0; }
 #endif
 
 // The blocked part of an m x n output (rows < mb, columns < nb) when the machine has AVX2 + FMA;
@@ -157,6 +175,11 @@ JF_CPU_MULTIVERSION float exp_shifted_sum(float* __restrict__ x, int n, float sh
   float sum = 0.f;
   for (int l = 0; l < kLanes; ++l) sum += part[l];
   return sum;
+}
+
+void widen_fp16(const uint16_t* s, int n, float* d) {
+  int i = have_f16c() ? widen_fp16_f16c(s, n, d) : 0;  // the bit-exact scalar routine for the rest
+  for (; i < n; ++i) d[i] = fp16_to_float(s[i]);
 }
 
 // Eight independent running maxima, so the loop vectorises (max is exact: any order gives the
