@@ -159,7 +159,7 @@ struct BwdTraits {
     alignas(16) cutlass::arch::ClusterBarrier barrier_kv_empty;         // consumers done with them
     alignas(16) typename Pipeline::SharedStorage pipe_q;
     alignas(16) typename PipelinedO::SharedStorage pipe_do;
-    // Dynamic schedule only (BwdTileQueue): the producer's tile hand-off ring (inside the
+    // Dynamic schedule only (bwd_next_tile): the producer's tile hand-off ring (inside the
     // struct's 1024-byte tail padding, so the size stays the same).
     alignas(16) cutlass::arch::ClusterBarrier tile_full[kTileRing];
     alignas(16) cutlass::arch::ClusterBarrier tile_empty[kTileRing];

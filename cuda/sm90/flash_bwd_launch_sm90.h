@@ -20,7 +20,7 @@ struct BwdTileConfig;
 #define JF_BWD_POLY128 8
 #endif
 // Experiment (not in the default build): JF_BWD_DYNAMIC=1 instantiates the dynamic persistent
-// schedule (BwdTileQueue) for causal / right-bounded problems whose caller passes a tile
+// schedule (bwd_next_tile) for causal / right-bounded problems whose caller passes a tile
 // counter (FlashFwdParams::tile_counter; the FFI passes none, the harness's --dynamic does).
 #ifndef JF_BWD_DYNAMIC
 #define JF_BWD_DYNAMIC 0
