@@ -32,26 +32,11 @@ struct TileConfig;
 // SchedArrive (FwdTraits::kSchedArrive): where a WG lets the other issue its GEMMs. H=64: after
 // its row max, +3% at S >= 4k non-causal, +1% at 1k causal (after half its exp2s the same; after
 // its whole softmax -12% to -18%, NOTES.md v30). JF_FWD_ARRIVE64 overrides it for experiments.
-// ShortCausalM / ShortCausalMaxS: causal / right-bounded problems with at most ShortCausalMaxS
-// keys take ShortCausalM-row tiles instead (0 = never). H=64 with 64-row tiles (one consumer WG,
-// two CTAs per SM): causal 1k +7%, 4k +1.5%, but non-causal 16k -10% (NOTES.md v36).
-// ShortCausalN: their key-block size. H=128 (64 x 64 tiles: 96 KB of smem, two CTAs per SM) is
-// built only with -DJF_FWD_SHORT128_M=64: -2% at 1k causal (NOTES.md v37), so off.
-#ifndef JF_FWD_SHORT128_M
-#define JF_FWD_SHORT128_M 0
-#endif
-// Experiment knobs for H=64's 64-row tiles: ShortStages (a 3-stage K / V ring fits two CTAs:
-// 2 x 113 KB), ShortAll (non-causal problems too), ShortCausalMaxS. All three together were
-// neutral (NOTES.md v38).
-#ifndef JF_FWD_SHORT64_STAGES
-#define JF_FWD_SHORT64_STAGES 2
-#endif
-#ifndef JF_FWD_SHORT64_ALL
-#define JF_FWD_SHORT64_ALL 0
-#endif
-#ifndef JF_FWD_SHORT64_MAXS
-#define JF_FWD_SHORT64_MAXS 4096
-#endif
+// ShortCausalM / ShortCausalN / ShortCausalMaxS: causal / right-bounded problems with at most
+// ShortCausalMaxS keys take ShortCausalM x ShortCausalN tiles instead (0 = never). H=64 with
+// 64-row tiles (one consumer WG, two CTAs per SM): causal 1k +7%, 4k +1.5%, but non-causal 16k
+// -10% (NOTES.md v36). Measured and dropped: H=128 on 64 x 64 tiles (-2% at 1k causal, v37);
+// H=64's 64-row tiles for every problem with a 3-stage ring (neutral, v38).
 // Experiment knob: H=64's DynamicCausalMaxS (> 4096: causal problems on 128-row tiles take the
 // dynamic schedule too; not measured since v39).
 #ifndef JF_FWD_DYN64_MAXS
@@ -60,9 +45,9 @@ struct TileConfig;
 #ifndef JF_FWD_ARRIVE64
 #define JF_FWD_ARRIVE64 1
 #endif
-template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = JF_FWD_DYN64_MAXS, ChunkMB = 8, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalN = 128, ShortCausalMaxS = JF_FWD_SHORT64_MAXS, ShortStages = JF_FWD_SHORT64_STAGES, ShortAll = JF_FWD_SHORT64_ALL; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
-template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 1, PolyEvery = 0, ShortCausalM = JF_FWD_SHORT128_M, ShortCausalN = 64, ShortCausalMaxS = 2048, ShortStages = 2, ShortAll = 0; static constexpr int SchedArrive = 0; };
-template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 32, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, ShortStages = 2, ShortAll = 0; static constexpr int SchedArrive = 0; };
+template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = JF_FWD_DYN64_MAXS, ChunkMB = 8, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalN = 128, ShortCausalMaxS = 4096; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
+template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 1, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0; static constexpr int SchedArrive = 0; };
+template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 32, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0; static constexpr int SchedArrive = 0; };
 
 template <class Traits, bool Softcap>
 cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
@@ -138,8 +123,8 @@ template <int kHeadDim, class Element>
 cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
   using C = TileConfig<kHeadDim>;
   if constexpr (C::ShortCausalM > 0) {
-    if ((C::ShortAll || p.window_right >= 0) && p.seqlen_k <= C::ShortCausalMaxS)
-      return run_fwd_tiles<kHeadDim, C::ShortCausalM, C::ShortCausalN, C::ShortStages, Element>(p, stream);
+    if (p.window_right >= 0 && p.seqlen_k <= C::ShortCausalMaxS)
+      return run_fwd_tiles<kHeadDim, C::ShortCausalM, C::ShortCausalN, C::Stages, Element>(p, stream);
   }
   return run_fwd_tiles<kHeadDim, C::M, C::N, C::Stages, Element>(p, stream);
 }
