@@ -79,11 +79,6 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   kp.scale_log2 = Softcap ? p.softcap * log2e : p.scale * log2e;
   kp.softcap_mult = Softcap ? p.scale / p.softcap : 0.f;
 
-  auto kernel = &flash_bwd_kernel<T, Softcap, Deterministic>;
-  constexpr int smem = T::kSmemBytes;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  kp.tile_counter = nullptr;
   // Causal / right-bounded masks: the first key blocks (the longest) first, over chunks of
   // heads, so the longest tiles do not start last. Otherwise a head's key blocks stay adjacent
   // (Q/dO in L2). Persistent (one CTA per SM, snake order) overlaps a tile's dK/dV stores with
@@ -99,24 +94,26 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   int sms = 0;
   err = sm_count(&sms);
   if (err != cudaSuccess) return err;
+  // JF_BWD_DYNAMIC builds (v41): causal / right-bounded problems given a tile counter run
+  // persistent on the dynamic schedule (bwd_next_tile), a kernel instantiation of its own.
+  bool const dynamic = JF_BWD_DYNAMIC && !Deterministic && longest_first && p.tile_counter != nullptr;
   // Deterministic: a CTA waits for the lower key blocks' dQ turns, so those must have been
   // launched already: one CTA per tile, in tile order.
-  bool const persistent = !longest_first && !p.deterministic;
+  bool const persistent = dynamic || (!longest_first && !p.deterministic);
   int const grid = int(persistent && tiles > sms ? sms : tiles);
-  bool launched = false;
-  if constexpr (JF_BWD_DYNAMIC && !Deterministic) {
-    if (longest_first && p.tile_counter != nullptr) {
-      auto dyn_kernel = &flash_bwd_kernel<T, Softcap, false, true>;
-      err = cudaFuncSetAttribute(dyn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      if (err != cudaSuccess) return err;
-      err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream);
-      if (err != cudaSuccess) return err;
-      kp.tile_counter = p.tile_counter;
-      dyn_kernel<<<dim3(unsigned(tiles > sms ? sms : tiles)), dim3(T::kThreads), smem, stream>>>(kp);
-      launched = true;
-    }
+  kp.tile_counter = dynamic ? p.tile_counter : nullptr;
+  if (dynamic) {
+    err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream);
+    if (err != cudaSuccess) return err;
   }
-  if (!launched) kernel<<<dim3(unsigned(grid)), dim3(T::kThreads), smem, stream>>>(kp);
+  auto kernel = &flash_bwd_kernel<T, Softcap, Deterministic>;
+  if constexpr (JF_BWD_DYNAMIC && !Deterministic) {
+    if (dynamic) kernel = &flash_bwd_kernel<T, Softcap, false, true>;
+  }
+  constexpr int smem = T::kSmemBytes;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  kernel<<<dim3(unsigned(grid)), dim3(T::kThreads), smem, stream>>>(kp);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
