@@ -68,13 +68,20 @@ JF_CPU_MULTIVERSION static void gemm_tn_acc_rows(int m, int n, int k, float alph
 namespace {
 
 #if JF_CPU_AVX2_BLOCKS
-bool have_avx2_fma() {
-  static const bool yes = [] {
+// The instruction sets the intrinsics kernels below need, read once per process.
+struct CpuFeatures {
+  bool avx2_fma, f16c;
+};
+CpuFeatures const& cpu_features() {
+  static const CpuFeatures f = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return CpuFeatures{__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
+                       __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c")};
   }();
-  return yes;
+  return f;
 }
+bool have_avx2_fma() { return cpu_features().avx2_fma; }
+bool have_f16c() { return cpu_features().f16c; }
 
 // The row loops above load and store a row of c for every FMA (about one FMA per cycle). This
 // kernel keeps a 4 x 16 block of c in eight AVX registers: c[r][col] (+)= sum_t alpha * A(r, t)
@@ -103,14 +110,6 @@ __attribute__((target("avx2,fma"))) void blocks_avx2(int mb, int nb, int kk, flo
         for (int v = 0; v < 2; ++v) _mm256_storeu_ps(c + (i + r) * ldc + j + 8 * v, acc[r][v]);
     }
   }
-}
-
-bool have_f16c() {
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
-  }();
-  return yes;
 }
 
 // float16 -> float32, 8 at a time (vcvtph2ps: exact for every half, subnormals included).
