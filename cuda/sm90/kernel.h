@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
       bool q_loaded = false;
       int tile = int(blockIdx.x);
       ProducerTimeline ptl;
-      ptl.init(kp.timeline, blockIdx.x == 0 && threadIdx.x == 0);
+      ptl.init(kp.timeline, kProducerTimelineOffset, blockIdx.x == 0 && threadIdx.x == 0);
       for (int r = 0;; ++r) {
         ptl.mark(kProdTop);
         int next = 0;
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
     float const log2e = 1.44269504088896340736f;
     int tile = int(blockIdx.x);
     TileTimeline ttl;
-    ttl.init(kp.timeline, wg, blockIdx.x == 0 && tidx % 128 == 0);
+    ttl.init(kp.timeline, tile_timeline_offset(wg), blockIdx.x == 0 && tidx % 128 == 0);
     for (int r = 0;; ++r) {
       ttl.mark(kTileStart);
       if (dynamic) {
@@ -140,7 +140,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
         if (tile < kp.sched.num_tiles) cutlass::arch::NamedBarrier::arrive(T::kMmaThreads + 32, kBarTileEmpty);
       }
       ttl.mark(kTileHandoff);
-      ttl.end_tile(n_max - n_min);
+      ttl.set(kTileSteps, n_max - n_min);
+      ttl.end_tile();
     }
     wg_bulk_drain(tidx);  // the last O store has read its smem
   }

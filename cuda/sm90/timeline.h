@@ -63,66 +63,54 @@ struct StepTimelineT {
     }
   }
 };
-// Forward, per tile (same builds): what a consumer WG of CTA 0 spends between its tiles' steps.
-// Marks: tile known, Q landed, first S ready, last PV done, O stored, next tile handed over;
-// then the tile's key-block count. Stored after the step region of the buffer, [wg][tile][mark].
+// Forward, per tile (same builds): kMarks values per tile of one recorder of CTA 0, stored for
+// the first kTileTimelineTiles tiles at buf[offset + tile * kMarks + mark] (clock() marks or set()).
 constexpr int kTileTimelineTiles = 64;
-constexpr int kTileMarks = 7;
-enum TileMark { kTileStart, kTileQReady, kTileFirstS, kTileLoopEnd, kTileStored, kTileHandoff, kTileSteps };
-template <bool kEnabled>
-struct TileTimelineT {
+template <bool kEnabled, int kMarks>
+struct TileRecordT {
   uint32_t* out = nullptr;
-  uint32_t t[kTileMarks];
+  uint32_t t[kMarks];
   int tile = 0;
-  __device__ void init(uint32_t* buf, int wg, bool on) {
-    if constexpr (kEnabled) out = buf && on ? buf + 2 * kTimelineSteps * kTimelineMarks + wg * kTileTimelineTiles * kTileMarks : nullptr;
-  }
-  __device__ void mark(int m) {
-    if constexpr (kEnabled) t[m] = uint32_t(clock());
-  }
-  __device__ void end_tile(int steps) {
+  __device__ void init(uint32_t* buf, int offset, bool on) {
     if constexpr (kEnabled) {
-      t[kTileSteps] = uint32_t(steps);
-      if (out && tile < kTileTimelineTiles)
-        for (int i = 0; i < kTileMarks; ++i) out[tile * kTileMarks + i] = t[i];
-      ++tile;
+      out = buf && on ? buf + offset : nullptr;
+      for (int i = 0; i < kMarks; ++i) t[i] = 0;  // a mark another lane takes stays 0 here
     }
   }
-};
-// Forward, per tile of CTA 0's producer (same builds): when it starts the round, when it may
-// overwrite Q (after the Q-empty barrier: Q's load goes out), when the tile's first K and V
-// are issued, when all its loads are issued. Same clock as the consumers' marks (one SM).
-// Stored after the consumers' tile region, [tile][mark].
-constexpr int kProdMarks = 4;
-enum ProdMark { kProdTop, kProdQIssue, kProdFirstKV, kProdAllIssued };
-template <bool kEnabled>
-struct ProducerTimelineT {
-  uint32_t* out = nullptr;
-  uint32_t t[kProdMarks] = {0, 0, 0, 0};
-  int tile = 0;
-  __device__ void init(uint32_t* buf, bool on) {
-    if constexpr (kEnabled)
-      out = buf && on ? buf + 2 * kTimelineSteps * kTimelineMarks + 2 * kTileTimelineTiles * kTileMarks : nullptr;
-  }
   __device__ void mark(int m) {
     if constexpr (kEnabled) t[m] = uint32_t(clock());
+  }
+  __device__ void set(int m, int v) {
+    if constexpr (kEnabled) t[m] = uint32_t(v);
   }
   __device__ void end_tile() {
     if constexpr (kEnabled) {
       if (out && tile < kTileTimelineTiles)
-        for (int i = 0; i < kProdMarks; ++i) out[tile * kProdMarks + i] = t[i];
+        for (int i = 0; i < kMarks; ++i) out[tile * kMarks + i] = t[i];
       ++tile;
     }
   }
 };
+// A consumer WG, between its tiles' steps: tile known, Q landed, first S ready, last PV done,
+// O stored, next tile handed over; then the tile's key-block count. After the step region of
+// the buffer, [wg][tile][mark].
+constexpr int kTileMarks = 7;
+enum TileMark { kTileStart, kTileQReady, kTileFirstS, kTileLoopEnd, kTileStored, kTileHandoff, kTileSteps };
+constexpr int tile_timeline_offset(int wg) { return 2 * kTimelineSteps * kTimelineMarks + wg * kTileTimelineTiles * kTileMarks; }
+// The producer: when it starts the round, when it may overwrite Q (after the Q-empty barrier:
+// Q's load goes out), when the tile's first K and V are issued, when all its loads are issued.
+// Same clock as the consumers' marks (one SM). After the consumers' region, [tile][mark].
+constexpr int kProdMarks = 4;
+enum ProdMark { kProdTop, kProdQIssue, kProdFirstKV, kProdAllIssued };
+constexpr int kProducerTimelineOffset = tile_timeline_offset(2);
 #ifdef JF_FWD_TIMELINE
 using StepTimeline = StepTimelineT<true>;
-using TileTimeline = TileTimelineT<true>;
-using ProducerTimeline = ProducerTimelineT<true>;
+using TileTimeline = TileRecordT<true, kTileMarks>;
+using ProducerTimeline = TileRecordT<true, kProdMarks>;
 #else
 using StepTimeline = StepTimelineT<false>;
-using TileTimeline = TileTimelineT<false>;
-using ProducerTimeline = ProducerTimelineT<false>;
+using TileTimeline = TileRecordT<false, kTileMarks>;
+using ProducerTimeline = TileRecordT<false, kProdMarks>;
 #endif
 #ifdef JF_BWD_TIMELINE
 using BwdStepTimeline = StepTimelineT<true>;

@@ -11,7 +11,7 @@
 namespace jax_flash::sm90 {
 
 constexpr size_t kTimelineBytes =
-    (2 * kTimelineSteps * kTimelineMarks + 2 * kTileTimelineTiles * kTileMarks + kTileTimelineTiles * kProdMarks) * sizeof(uint32_t);
+    (kProducerTimelineOffset + kTileTimelineTiles * kProdMarks) * sizeof(uint32_t);
 
 // intervals: the names of the kTimelineMarks - 1 spans between consecutive marks.
 inline void print_timeline(uint32_t const* dbuf, char const* title, char const* const (&intervals)[kTimelineMarks - 1]) {
@@ -38,7 +38,7 @@ inline void print_timeline(uint32_t const* dbuf, char const* title, char const* 
 inline void print_tile_timeline(uint32_t const* dbuf, char const* title) {
   std::vector<uint32_t> t(kTimelineBytes / sizeof(uint32_t));
   CK(cudaMemcpy(t.data(), dbuf, kTimelineBytes, cudaMemcpyDeviceToHost));
-  uint32_t const* base = t.data() + 2 * kTimelineSteps * kTimelineMarks;
+  uint32_t const* base = t.data() + tile_timeline_offset(0);
   printf("%s, per tile (cycles)\n  wg tile |  start | wait Q | first S | steps loop | epilogue | handoff | blocks | loop/block\n", title);
   uint32_t const t0 = base[0];
   for (int wg = 0; wg < 2; ++wg) {
@@ -61,7 +61,7 @@ inline void print_tile_timeline(uint32_t const* dbuf, char const* title) {
              sum[0] / n, sum[1] / n, sum[2] / n, sum[3] / n, sum[4] / n, sum[5] / n);
   }
   // The producer's marks of the same tiles, relative to WG 0's tile start (negative = before it).
-  uint32_t const* prod = base + 2 * kTileTimelineTiles * kTileMarks;
+  uint32_t const* prod = t.data() + kProducerTimelineOffset;
   printf("  producer vs WG0 tile start (cycles) | round top | Q issued | first K+V issued | all issued | Q landed\n");
   double psum[5] = {0, 0, 0, 0, 0};
   int pn = 0;
