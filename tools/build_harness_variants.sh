@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds standalone sm90 harness binaries for several compile-time variants, for one same-run
 # A/B on the GPU machine (tools/harness_ab.sh):
-#   tools/build_harness_variants.sh fwd main: dyn64:"-DJF_FWD_DYN64_MAXS=1000000"
-#     -> cuda/sm90/harness/bin/test_sm90_main, .../test_sm90_dyn64
+#   tools/build_harness_variants.sh bwd main: static:"-DJF_BWD_DYNAMIC=0"
+#     -> cuda/sm90/harness_bwd/bin/test_bwd_sm90_main, .../test_bwd_sm90_static
 # Each variant keeps its objects in /tmp/jf_variant_<pass>_<name>_<hash of its flags> (rebuilt
 # when a source or an sm90 header is newer), so a second call after an edit recompiles only what
 # changed, and a name reused with other flags never links stale objects.

@@ -95,8 +95,8 @@ struct FlashFwdParams {
 
   // --- workspace, appended last: one int32 of device memory the sm90 forward may use as its
   // tile counter (dynamic persistent schedule; zeroed by the launch on the stream). nullptr =
-  // static schedule only. The sm90 backward reads it only in JF_BWD_DYNAMIC experiment builds
-  // (the FFI passes none to the backward). ---
+  // static schedule only. The sm90 backward's dynamic schedule uses it when given, else its
+  // first dQ turn counter (the FFI passes none to the backward). ---
   int32_t* tile_counter = nullptr;
 
   int64_t group() const { return heads_q / heads_kv; }

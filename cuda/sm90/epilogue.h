@@ -29,7 +29,7 @@ __forceinline__ __device__ void store_o_lse(KernelParams<Traits> const& kp, type
   convert_out(tOrO, rO);
 
   int const m0 = m_block * T::kBlockM;
-  static_assert(kBarEpilogue<T> + T::kMmaWGs <= kBarQEmpty, "named barrier ids overlap");
+  static_assert(kBarEpilogue<T> + T::kMmaWGs <= kBarQEmpty<T>, "named barrier ids overlap");
   auto const frag_layout = partition_fragment_C(typename T::TiledMmaOWG{}, Shape<_64, Int<T::kOCols>>{}).layout();
   constexpr int kFragSize = decltype(cute::size(frag_layout))::value;
   CUTLASS_PRAGMA_UNROLL

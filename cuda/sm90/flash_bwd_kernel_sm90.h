@@ -228,7 +228,7 @@ __forceinline__ __device__ BwdTile bwd_tile(BwdKernelParams<T> const& kp, int li
 
 // The tile of round r for the consumers and dQ writers of a CTA (a linear index; >= num_tiles:
 // none left). Static: round r's tile in snake order. Dynamic (persistent causal launches,
-// experiment: JF_BWD_DYNAMIC): the producer claims tiles from a global counter, each once it
+// BwdTileConfig::DynamicCausalMaxS): the producer claims tiles from a global counter, each once it
 // has issued the previous tile's loads (as the forward's v39), and hands them over through a
 // kTileRing-deep ring in smem: it waits tile_empty, writes the slot, arrives on tile_full
 // (release); every reader thread waits tile_full (acquire), reads, arrives on tile_empty.

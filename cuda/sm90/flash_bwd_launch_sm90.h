@@ -19,16 +19,18 @@ struct BwdTileConfig;
 #ifndef JF_BWD_POLY128
 #define JF_BWD_POLY128 8
 #endif
-// Experiment (not in the default build): JF_BWD_DYNAMIC=1 instantiates the dynamic persistent
-// schedule (bwd_next_tile) for causal / right-bounded problems whose caller passes a tile
-// counter (FlashFwdParams::tile_counter; the FFI passes none, the harness's --dynamic does).
+// DynamicCausalMaxS: causal / right-bounded problems with at most this many keys run persistent
+// on the dynamic schedule (bwd_next_tile; v41: S = 1k / 4k / 16k causal, H=64 +7% / +1% / -2%,
+// H=128 +4.5% / +0.5% / -2.6% to +4.6% over three passes, H=256 +2% each); longer ones one CTA
+// per tile.
+// JF_BWD_DYNAMIC=0 builds without the dynamic instantiation (A/B against it).
 #ifndef JF_BWD_DYNAMIC
-#define JF_BWD_DYNAMIC 0
+#define JF_BWD_DYNAMIC 1
 #endif
-template <> struct BwdTileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PolyEvery = JF_BWD_POLY64; };
-template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, Stages = 2, PolyEvery = JF_BWD_POLY128; };
+template <> struct BwdTileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PolyEvery = JF_BWD_POLY64, DynamicCausalMaxS = 4096; };
+template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, Stages = 2, PolyEvery = JF_BWD_POLY128, DynamicCausalMaxS = 4096; };
 // 64 keys per CTA: the WGs split head_dim (BwdTraits::kSplitD).
-template <> struct BwdTileConfig<256> { static constexpr int M = 64, N = 64, Stages = 2, PolyEvery = 0; };
+template <> struct BwdTileConfig<256> { static constexpr int M = 64, N = 64, Stages = 2, PolyEvery = 0, DynamicCausalMaxS = 1 << 30; };
 
 template <class Traits, bool Softcap, bool Deterministic>
 cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
@@ -82,8 +84,10 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   // Causal / right-bounded masks: the first key blocks (the longest) first, over chunks of
   // heads, so the longest tiles do not start last. Otherwise a head's key blocks stay adjacent
   // (Q/dO in L2). Persistent (one CTA per SM, snake order) overlaps a tile's dK/dV stores with
-  // the next tile's loads (+1-2% at S=1k). Causal / right-bounded problems keep one CTA per
-  // tile: the hardware's dynamic dispatch balances tiles of different lengths better (v6).
+  // the next tile's loads (+1-2% at S=1k). Causal / right-bounded problems run persistent on
+  // the dynamic schedule (a CTA claims its next tile near the end of the current one, v41);
+  // in a static order they lost to one CTA per tile, whose hardware dispatch balances tiles of
+  // different lengths (v6).
   int64_t const tiles = int64_t(n_blocks) * p.heads_kv * p.batch;
   if (tiles > 0x7fffffff) return cudaErrorNotSupported;
   bool const longest_first = p.window_right >= 0;
@@ -94,16 +98,18 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   int sms = 0;
   err = sm_count(&sms);
   if (err != cudaSuccess) return err;
-  // JF_BWD_DYNAMIC builds (v41): causal / right-bounded problems given a tile counter run
-  // persistent on the dynamic schedule (bwd_next_tile), a kernel instantiation of its own.
-  bool const dynamic = JF_BWD_DYNAMIC && !Deterministic && longest_first && p.tile_counter != nullptr;
+  // The dynamic schedule's tile counter: the caller's, or else the first dQ turn counter,
+  // which only the deterministic mode (never dynamic) uses otherwise.
+  int* const counter = p.tile_counter ? p.tile_counter : p.seqlen_q > 0 ? p.dq_semaphore : nullptr;
+  bool const dynamic = JF_BWD_DYNAMIC && !Deterministic && longest_first && counter != nullptr &&
+                       p.seqlen_k <= BwdTileConfig<T::kHeadDim>::DynamicCausalMaxS;
   // Deterministic: a CTA waits for the lower key blocks' dQ turns, so those must have been
   // launched already: one CTA per tile, in tile order.
   bool const persistent = dynamic || (!longest_first && !p.deterministic);
   int const grid = int(persistent && tiles > sms ? sms : tiles);
-  kp.tile_counter = dynamic ? p.tile_counter : nullptr;
-  if (dynamic) {
-    err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream);
+  kp.tile_counter = dynamic ? counter : nullptr;
+  if (dynamic) {  // stream-ordered after the row statistics kernel, which zeroes the turn counters
+    err = cudaMemsetAsync(counter, 0, sizeof(int32_t), stream);
     if (err != cudaSuccess) return err;
   }
   auto kernel = &flash_bwd_kernel<T, Softcap, Deterministic>;

@@ -75,12 +75,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
           // first (NOTES.md v39). The atomic's latency hides under the tile's last blocks.
           if (threadIdx.x == 0) next = atomicAdd(kp.tile_counter, 1) + int(gridDim.x);
           // The consumers have read the previous hand-off before this one overwrites it.
-          if (r > 0) cutlass::arch::NamedBarrier::sync(T::kMmaThreads + 32, kBarTileEmpty);
+          if (r > 0) cutlass::arch::NamedBarrier::sync(T::kMmaThreads + 32, kBarTileEmpty<T>);
           asm volatile("" ::: "memory");
           tile = __shfl_sync(0xffffffff, next, 0);
           if (threadIdx.x == 0) *reinterpret_cast<int volatile*>(&ss.next_tile) = tile;
           asm volatile("" ::: "memory");  // bar.* carry no memory clobber: keep the store before the arrive
-          cutlass::arch::NamedBarrier::arrive(T::kMmaThreads + 32, kBarTileFull);
+          cutlass::arch::NamedBarrier::arrive(T::kMmaThreads + 32, kBarTileFull<T>);
         }
       }
       // Keep the CTA alive until the consumers have released every stage.
@@ -132,12 +132,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
       store_o_lse<T>(kp, ss, tOrO, inv, lse, tc.m_block, tc.h, tc.b, tidx, wg);
       ttl.mark(kTileStored);
       if (dynamic) {
-        cutlass::arch::NamedBarrier::sync(T::kMmaThreads + 32, kBarTileFull);
+        cutlass::arch::NamedBarrier::sync(T::kMmaThreads + 32, kBarTileFull<T>);
         asm volatile("" ::: "memory");
         tile = *reinterpret_cast<int volatile*>(&ss.next_tile);
         asm volatile("" ::: "memory");
         // The last hand-off (no tile) has no producer waiting for it.
-        if (tile < kp.sched.num_tiles) cutlass::arch::NamedBarrier::arrive(T::kMmaThreads + 32, kBarTileEmpty);
+        if (tile < kp.sched.num_tiles) cutlass::arch::NamedBarrier::arrive(T::kMmaThreads + 32, kBarTileEmpty<T>);
       }
       ttl.mark(kTileHandoff);
       ttl.set(kTileSteps, n_max - n_min);

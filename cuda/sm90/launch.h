@@ -25,7 +25,8 @@ struct TileConfig;
 // dynamic persistent schedule when the caller gives a tile counter (scheduler.h), taking
 // precedence over PersistentCausalMaxS. Since a CTA claims its next tile near the end of the
 // current one (v39), it beats one CTA per tile at every length at H=128 / 256 (S=1k-16k:
-// H=128 +4% / +3% / +0.5%, H=256 +5% / +1% / +0.4%); H=64 keeps 4096 (not measured beyond).
+// H=128 +4% / +3% / +0.5%, H=256 +5% / +1% / +0.4%; H=64 beyond 4k keys, where it runs
+// 128-row tiles: 16k +1.3%, session 12).
 // ChunkMB: K + V bytes per longest-first chunk of heads (heads_per_l2_chunk). H=256 with 32 MB:
 // +3-8% at S=1k / 4k over 8 MB, whose chunks held fewer tiles than there are SMs (2 heads x 32
 // query blocks at 4k); H=128 lost 1% with 32 MB (NOTES.md v39).
@@ -36,16 +37,12 @@ struct TileConfig;
 // ShortCausalMaxS keys take ShortCausalM x ShortCausalN tiles instead (0 = never). H=64 with
 // 64-row tiles (one consumer WG, two CTAs per SM): causal 1k +7%, 4k +1.5%, but non-causal 16k
 // -10% (NOTES.md v36). Measured and dropped: H=128 on 64 x 64 tiles (-2% at 1k causal, v37);
-// H=64's 64-row tiles for every problem with a 3-stage ring (neutral, v38).
-// Experiment knob: H=64's DynamicCausalMaxS (> 4096: causal problems on 128-row tiles take the
-// dynamic schedule too; not measured since v39).
-#ifndef JF_FWD_DYN64_MAXS
-#define JF_FWD_DYN64_MAXS 4096
-#endif
+// H=64's 64-row tiles for every problem with a 3-stage ring (neutral, v38); H=64 192-row tiles
+// (three consumer WGs at 160 registers, as FA3: 52-80 B of spills, -29% to -36% non-causal, v42).
 #ifndef JF_FWD_ARRIVE64
 #define JF_FWD_ARRIVE64 1
 #endif
-template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = JF_FWD_DYN64_MAXS, ChunkMB = 8, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalN = 128, ShortCausalMaxS = 4096; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
+template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalN = 128, ShortCausalMaxS = 4096; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
 template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 1, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0; static constexpr int SchedArrive = 0; };
 template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 32, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0; static constexpr int SchedArrive = 0; };
 

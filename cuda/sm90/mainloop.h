@@ -66,15 +66,22 @@ __forceinline__ __device__ void sched_arrive(int wg) {
 }
 
 // sQ is reused by the next tile: consumers arrive once their last QK^T has completed; the
-// producer warp syncs before overwriting Q.
-constexpr int kBarQEmpty = 5;
+// producer warp syncs before overwriting Q. Its id follows the GEMM-issue ring's and the
+// epilogue's per-WG ids (5 with up to two consumer WGs).
+template <class Traits>
+constexpr int kBarQEmpty = 1 + 2 * Traits::kMmaWGs > 5 ? 1 + 2 * Traits::kMmaWGs : 5;
+// The dynamic schedule's tile hand-off (scheduler.h).
+template <class Traits>
+constexpr int kBarTileFull = kBarQEmpty<Traits> + 1;
+template <class Traits>
+constexpr int kBarTileEmpty = kBarQEmpty<Traits> + 2;
 template <class Traits>
 __forceinline__ __device__ void q_empty_arrive() {
-  cutlass::arch::NamedBarrier::arrive(Traits::kMmaThreads + 32, kBarQEmpty);
+  cutlass::arch::NamedBarrier::arrive(Traits::kMmaThreads + 32, kBarQEmpty<Traits>);
 }
 template <class Traits>
 __forceinline__ __device__ void q_empty_sync() {
-  cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads + 32, kBarQEmpty);
+  cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads + 32, kBarQEmpty<Traits>);
 }
 
 template <class Pipe, class State>

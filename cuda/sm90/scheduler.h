@@ -68,11 +68,10 @@ __forceinline__ __device__ int snake_tile(int r) {
 // Dynamic persistent schedule (forward): grid = min(CTA slots, tiles), CTA i starts with tile i,
 // and each CTA's producer takes its next tile from a global counter (zeroed before the launch)
 // once it has issued the current tile's last loads, then hands it to the consumers through smem
-// (named barriers kBarTileFull / kBarTileEmpty). Tiles come off the counter in index order
+// (named barriers kBarTileFull / kBarTileEmpty, mainloop.h). Tiles come off the counter in index order
 // (longest first under causal masks) as CTAs near the end of their work, so the balance is that
 // of the hardware's CTA dispatch, and the persistent CTA still overlaps a tile's epilogue with
 // the next tile's loads.
-constexpr int kBarTileFull = 6, kBarTileEmpty = 7;
 
 // Key blocks [n_min, n_max) that rows [m0, m0 + kBlockM) can see (empty when n_max <= n_min).
 template <int kBlockM, int kBlockN>

@@ -37,7 +37,6 @@ struct Case {
   std::vector<int> q_lens, kv_lens;
 };
 
-static int* g_tile_counter = nullptr;  // --dynamic: passed as FlashFwdParams::tile_counter (JF_BWD_DYNAMIC builds)
 
 static bool run_case(const Case& c, uint64_t seed) {
   const int H = c.H;
@@ -144,7 +143,6 @@ static bool run_case(const Case& c, uint64_t seed) {
   if (!c.kv_lens.empty()) { CK(cudaMalloc(&dkl, c.B * 4)); CK(cudaMemcpy(dkl, c.kv_lens.data(), c.B * 4, cudaMemcpyHostToDevice)); }
   p.q = dq_in; p.k = dk_in; p.v = dv_in; p.o = o_in; p.lse = dlse; p.dout = do_in;
   p.dq = dq; p.dk = dk; p.dv = dv; p.dsum = ddsum; p.lse_log2 = dlse2; p.dq_accum = dacc; p.q_lens = dql; p.kv_lens = dkl;
-  p.tile_counter = g_tile_counter;
   cudaError_t err = flash_bwd_sm90(p, 0);
   if (err == cudaSuccess) err = cudaDeviceSynchronize();
   std::vector<uint16_t> gq(nq), gk(nk), gv(nk);
@@ -268,7 +266,7 @@ static double bench(int H, int S, bool causal, int reps) {
   CK(cudaMalloc(&lse, size_t(B) * N * S * 4)); CK(cudaMalloc(&dsum, size_t(B) * N * p.seqlen_q_rounded * 4));
   CK(cudaMalloc(&lse2, size_t(B) * N * p.seqlen_q_rounded * 4));
   CK(cudaMalloc(&sem, size_t(B) * N * p.seqlen_q_rounded / 64 * 4));
-  p.deterministic = g_det; p.dq_semaphore = sem; p.tile_counter = g_tile_counter;
+  p.deterministic = g_det; p.dq_semaphore = sem;
   CK(cudaMalloc(&acc, size_t(B) * N * p.seqlen_q_rounded * p.head_dim_rounded * 4));
   // Independent random operands, and each row's lse as for N(0, 1) logits (ln(visible keys) +
   // 1/2), so P is ~1 / keys as in a real backward (q = k = v = o = dO and lse = 12 before
@@ -308,7 +306,6 @@ int main(int argc, char** argv) {
     if (!strncmp(argv[i], "--s=", 4)) only_s = atoi(argv[i] + 4);  // bench one seqlen
     if (!strncmp(argv[i], "--causal=", 9)) only_causal = atoi(argv[i] + 9);  // bench one mask kind
     if (!strcmp(argv[i], "--det")) g_det = true;  // bench the deterministic mode
-    if (!strcmp(argv[i], "--dynamic")) CK(cudaMalloc(&g_tile_counter, sizeof(int)));  // tests and bench
 #ifdef JF_BWD_TIMELINE
     if (!strcmp(argv[i], "--timeline")) {
       CK(cudaMalloc(&sm90::g_bwd_timeline, sm90::kTimelineBytes));
