@@ -62,6 +62,35 @@ __global__ void flash_bwd_convert_dq_kernel(const FlashBwdParams p, int64_t acc_
   }
 }
 
+// dq_accum[c], dq_accum[c + 1] += x, y (c even: 8-byte aligned; hd % 8 == 0, so both columns
+// are in range or neither is; acc_cols is even: dq_accum_cols rounds to 64). sm_90: one vector
+// reduction; sm_80: two scalar ones.
+__device__ __forceinline__ void red_add_f32x2(float* ptr, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(ptr), "f"(x), "f"(y));
+#else
+  atomicAdd(ptr, x);
+  atomicAdd(ptr + 1, y);
+#endif
+}
+
+// sm_90: 16-byte dQ reductions after a lane-pair exchange (half the reduction instructions of
+// the 8-byte ones, 2 shuffles per 4 values; fewer spills too: hd128 sm_90 4 / 4 B vs 36 / 60 B).
+// -DJF_SM80_DQ_RED_V4=0 selects the 8-byte reductions (session 12 A/B: harness/bin/test_sm80_new_v2).
+#ifndef JF_SM80_DQ_RED_V4
+#define JF_SM80_DQ_RED_V4 1
+#endif
+__device__ __forceinline__ void red_add_f32x4(float* ptr, float x, float y, float z, float w) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "f"(x), "f"(y), "f"(z), "f"(w));
+#else
+  atomicAdd(ptr, x);
+  atomicAdd(ptr + 1, y);
+  atomicAdd(ptr + 2, z);
+  atomicAdd(ptr + 3, w);
+#endif
+}
+
 template <typename T>
 __device__ __forceinline__ auto offset_tensor(T const& t, int off) {
   return make_tensor(t.data() + off, t.layout());
@@ -344,12 +373,50 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_bwd_dkdv_kernel(const Fla
     clear(acc_dq);
     gemm_ss(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, mma_dq, s2r_a_dq, s2r_b_dq, s2r_a_dq_thr, s2r_b_dq_thr);
     float* dq_acc = p.dq_accum + ((int64_t(b) * p.heads_q + h) * acc_rows + row0) * acc_cols;
+    // Column pairs (c, c + 1) of one row sit in adjacent registers: vector reductions on sm_90
+    // (8-byte: half the L2 sector operations of scalar adds; 16-byte below). When the workspace's
+    // padding covers the whole tile (acc_rows >= row0 + kBlockM, acc_cols >= kHeadDim: always
+    // for hd 32..256 with the default rounding) the stores need no predicates: the padding rows
+    // and columns only ever receive exact zeros (masked rows have dS = 0, padded K columns are
+    // zero-filled) and are never read back.
+    Tensor dq_rc = make_tensor(acc_dq.data(), rowcol_layout(acc_dq.layout()));
+    Tensor dqc_rc = make_tensor(tdQcdQ.data(), rowcol_layout(tdQcdQ.layout()));
+    const bool dq_unpred = acc_cols >= kHeadDim && acc_rows >= int64_t(row0) + kBlockM;
+#if JF_SM80_DQ_RED_V4 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // 16-byte reductions: rows mi = 2 i, 2 i + 1 of the row-col view are rows r and r + 8 (the
+    // m16n8 accumulator), and lanes l, l ^ 1 hold columns (c, c + 1), (c + 2, c + 3) of both.
+    // One exchange of two floats gives the even lane row r, columns c..c + 3, and the odd lane
+    // row r + 8, columns c - 2..c + 1 (4-column groups: hd % 8 == 0, so a group is in range or not).
+    const bool odd = threadIdx.x & 1;
     CUTE_UNROLL
-    for (int i = 0; i < size(acc_dq); ++i) {
-      const int r = get<0>(tdQcdQ(i));
-      const int c = get<1>(tdQcdQ(i));
-      if (c < hd && row0 + r < p.seqlen_q) atomicAdd(dq_acc + int64_t(r) * acc_cols + c, acc_dq(i));
+    for (int mi = 0; mi < size<0>(dq_rc); mi += 2) {
+      const int r = get<0>(dqc_rc(mi, 0)) + (odd ? 8 : 0);  // row mi + 1 is row mi + 8
+      float* dq_row = dq_acc + int64_t(r) * acc_cols;
+      const bool row_ok = dq_unpred || row0 + r < p.seqlen_q;
+      CUTE_UNROLL
+      for (int nj = 0; nj < size<1>(dq_rc); nj += 2) {
+        const float a0 = dq_rc(mi, nj), a1 = dq_rc(mi, nj + 1);
+        const float b0 = dq_rc(mi + 1, nj), b1 = dq_rc(mi + 1, nj + 1);
+        const float x0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+        const float x1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+        const int c = get<1>(dqc_rc(0, nj)) - (odd ? 2 : 0);
+        if (dq_unpred || (row_ok && c < hd))
+          red_add_f32x4(dq_row + c, odd ? x0 : a0, odd ? x1 : a1, odd ? b0 : x0, odd ? b1 : x1);
+      }
     }
+#else
+    CUTE_UNROLL
+    for (int mi = 0; mi < size<0>(dq_rc); ++mi) {
+      const int r = get<0>(dqc_rc(mi, 0));
+      float* dq_row = dq_acc + int64_t(r) * acc_cols;
+      const bool row_ok = dq_unpred || row0 + r < p.seqlen_q;
+      CUTE_UNROLL
+      for (int nj = 0; nj < size<1>(dq_rc); nj += 2) {
+        const int c = get<1>(dqc_rc(0, nj));
+        if (dq_unpred || (row_ok && c < hd)) red_add_f32x2(dq_row + c, dq_rc(mi, nj), dq_rc(mi, nj + 1));
+      }
+    }
+#endif
   }
 
   // --- epilogue: dK = scale * sum dS^T Q, dV (times 1 / (1 - rate) under dropout);

@@ -25,9 +25,14 @@
 namespace jax_flash {
 namespace sm80 {
 
-template <typename Kt, bool kSoftcap, bool kExtras>
+// kEven (launcher: no extras, no q/kv lengths, seqlen_q % kBlockM == 0, seqlen_k % kBlockN == 0,
+// head_dim == kHeadDim): every Q/K/V/O tile is entirely in range, so the global<->shared copies,
+// the O store and the lse store carry no predicates.
+template <typename Kt, bool kSoftcap, bool kExtras, bool kEven = false>
 __global__ void __launch_bounds__(Kt::kNThreads) flash_fwd_kernel(const FlashFwdParams p) {
   static_assert(!(kSoftcap && kExtras), "the kExtras variant handles softcap at runtime");
+  static_assert(!(kEven && kExtras), "kEven is for the default variants only");
+  static_assert(!kEven || Kt::kLean, "kEven is built for FwdTraits::kLean configurations only");
   using Element = typename Kt::Element;
   constexpr int kBlockM = Kt::kBlockM;
   constexpr int kBlockN = Kt::kBlockN;
@@ -117,9 +122,9 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_fwd_kernel(const FlashFwd
   // hold garbage that 0 * x would turn into NaN).
   const int q_rows = mask.q_len - row0;
   const int hd = p.head_dim;
-  copy_pred(gcopy, tQgQ, tQsQ, tQcQ, q_rows, hd);
+  copy_tile<kEven>(gcopy, tQgQ, tQsQ, tQcQ, q_rows, hd);
   int n = n_max - 1;
-  copy_pred(gcopy, tKgK(_, _, _, n), tKsK, tKcK, mask.kv_len - n * kBlockN, hd);
+  copy_tile<kEven>(gcopy, tKgK(_, _, _, n), tKsK, tKcK, mask.kv_len - n * kBlockN, hd);
   cute::cp_async_fence();
 
   clear(acc_o);
@@ -137,19 +142,37 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_fwd_kernel(const FlashFwd
   const bool has_bias = kExtras && p.bias != nullptr;
   const bool dropout_on = kExtras && p.dropout_keys != nullptr;
 
+  // Kt::kLean: masking state hoisted out of the key loop (no 64-bit SeqMask arithmetic per
+  // tile): the key range whose tiles are fully visible to every row of the block, and each
+  // thread row's visible keys [key_lo, key_hi) (empty for rows past q_len), clamped to
+  // [0, kv_len].
+  int full_lo = 0, full_hi = 0;
+  int row_key_lo[kRows], row_key_hi[kRows];
+  if constexpr (Kt::kLean) {
+    mask.full_keys(row0, int64_t(row0) + kBlockM, &full_lo, &full_hi);
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      const int64_t r = row0 + get<0>(tScS_rc(mi, 0));
+      const bool in = r < mask.q_len;
+      row_key_lo[mi] = in ? int(min(mask.key_lo(r), int64_t(mask.kv_len))) : mask.kv_len;
+      row_key_hi[mi] = in ? int(mask.key_hi(r)) : 0;
+    }
+  }
+
   // No lambdas here: nvcc would outline them and pass the accumulators through local memory.
   for (; n >= n_min; --n) {
     Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
     cute::cp_async_wait<0>();
     __syncthreads();  // K[n] landed; every warp is done reading V[n+1]
-    copy_pred(gcopy, tVgV(_, _, _, n), tVsV, tKcK, mask.kv_len - n * kBlockN, hd);
+    copy_tile<kEven>(gcopy, tVgV(_, _, _, n), tVsV, tKcK, mask.kv_len - n * kBlockN, hd);
     cute::cp_async_fence();
 
     const int col0 = n * kBlockN;
     // Only boundary tiles pay for element-wise masking.
-    TileKind kind = mask.tile_full(row0, row0 + kBlockM, col0, int64_t(col0) + kBlockN) ? TileKind::kFull
-                                                                                         : TileKind::kPartial;
+    bool const full_tile = Kt::kLean ? full_lo <= col0 && col0 + kBlockN <= full_hi
+                                     : mask.tile_full(row0, row0 + kBlockM, col0, int64_t(col0) + kBlockN);
+    TileKind kind = full_tile ? TileKind::kFull : TileKind::kPartial;
     if (kExtras && (p.q_segment_ids != nullptr || p.mask != nullptr)) {
       int32_t qseg_lo = 0, qseg_hi = 0, kseg_lo = 0, kseg_hi = 0;
       if (p.q_segment_ids) {
@@ -174,6 +197,8 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_fwd_kernel(const FlashFwd
       if (kind == TileKind::kPartial) {
         if (kExtras && (p.q_segment_ids != nullptr || p.mask != nullptr))
           apply_mask_elem(s_rc, tScS_rc, mask, make_elem_mask(p, b, h), row0, col0);
+        else if constexpr (Kt::kLean)
+          apply_mask_rows(s_rc, tScS_rc, row_key_lo, row_key_hi, col0);
         else
           apply_mask(s_rc, tScS_rc, mask, row0, col0);
       }
@@ -182,7 +207,7 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_fwd_kernel(const FlashFwd
     cute::cp_async_wait<0>();
     __syncthreads();  // V[n] landed; every warp is done reading K[n]
     if (n > n_min) {
-      copy_pred(gcopy, tKgK(_, _, _, n - 1), tKsK, tKcK, mask.kv_len - (n - 1) * kBlockN, hd);
+      copy_tile<kEven>(gcopy, tKgK(_, _, _, n - 1), tKsK, tKcK, mask.kv_len - (n - 1) * kBlockN, hd);
       cute::cp_async_fence();
     }
     if (!kExtras || kind != TileKind::kSkip) {
@@ -217,7 +242,7 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_fwd_kernel(const FlashFwd
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
       const int r = row0 + get<0>(tOcO_rc(mi, 0));
-      if (r < p.seqlen_q) lse_ptr[r] = lse[mi];
+      if (kEven || r < p.seqlen_q) lse_ptr[r] = lse[mi];
     }
   }
   __syncthreads();
@@ -226,7 +251,11 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_fwd_kernel(const FlashFwd
   Tensor tOsO = gst_thr.partition_S(sO);
   Tensor tOgO = gst_thr.partition_D(gO);
   Tensor tOcO = gst_thr.partition_D(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  store_pred(gstore, tOsO, tOgO, tOcO, p.seqlen_q - row0, hd);
+  if constexpr (kEven) {
+    copy(gstore, tOsO, tOgO);
+  } else {
+    store_pred(gstore, tOsO, tOgO, tOcO, p.seqlen_q - row0, hd);
+  }
 }
 
 }  // namespace sm80

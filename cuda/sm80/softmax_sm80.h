@@ -37,6 +37,23 @@ __device__ __forceinline__ void apply_mask(T& rc, C const& crc, SeqMask const& m
   }
 }
 
+// apply_mask with the rows' visible keys precomputed: row mi of this thread sees the absolute
+// keys [key_lo[mi], key_hi[mi]) (both in [0, kv_len]; empty for rows past q_len).
+template <typename T, typename C, int kRows>
+__device__ __forceinline__ void apply_mask_rows(T& rc, C const& crc, const int (&key_lo)[kRows],
+                                                const int (&key_hi)[kRows], int col0) {
+  static_assert(decltype(size<0>(rc))::value == kRows);
+  CUTE_UNROLL
+  for (int mi = 0; mi < kRows; ++mi) {
+    const int lo = key_lo[mi] - col0, hi = key_hi[mi] - col0;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(rc); ++ni) {
+      const int c = get<1>(crc(0, ni));
+      if (c < lo || c >= hi) rc(mi, ni) = -INFINITY;
+    }
+  }
+}
+
 // Running max / sum per accumulator row of this thread.
 template <int kRows>
 struct OnlineSoftmax {

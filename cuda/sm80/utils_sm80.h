@@ -91,6 +91,17 @@ __device__ __forceinline__ void copy_pred(TiledCopy const& tc, S const& src, D& 
   }
 }
 
+// copy_pred, or a plain copy when the tile is known to be entirely in range (kEven).
+template <bool kEven, typename TiledCopy, typename S, typename D, typename C>
+__device__ __forceinline__ void copy_tile(TiledCopy const& tc, S const& src, D& dst, C const& coord, int max_rows,
+                                          int max_cols) {
+  if constexpr (kEven) {
+    copy(tc, src, dst);
+  } else {
+    copy_pred(tc, src, dst, coord, max_rows, max_cols);
+  }
+}
+
 // Shared -> global store of a finished tile; only rows < max_rows, cols < max_cols are written.
 template <typename TiledCopy, typename S, typename D, typename C>
 __device__ __forceinline__ void store_pred(TiledCopy const& tc, S const& src, D& dst, C const& coord,

@@ -12,6 +12,8 @@
 // code), so a kernel that keeps a different element set fails the rule by a wide margin.
 //   test_sm80 --extras   only the optional-input cases
 //   test_sm80 --dropout  only the dropout cases (then benchmarks with and without dropout)
+//   test_sm80 --even     only the block-aligned cases (T % 128 == 0, S % 64 == 0, no lengths, no
+//                        padded head dim): the forward's predicate-free kEven variant
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -460,12 +462,13 @@ static void bench(int B, int T, int N, int H, bool causal, bool bf16, float drop
 }
 
 int main(int argc, char** argv) {
-  bool small = false, bench_only = false, extras_only = false, dropout_only = false;
+  bool small = false, bench_only = false, extras_only = false, dropout_only = false, even_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--small")) small = true;
     if (!strcmp(argv[i], "--bench")) bench_only = true;
     if (!strcmp(argv[i], "--extras")) extras_only = true;
     if (!strcmp(argv[i], "--dropout")) dropout_only = true;
+    if (!strcmp(argv[i], "--even")) even_only = true;
   }
   std::vector<Case> cases;
   auto add = [&](Case c) { cases.push_back(c); };
@@ -506,6 +509,15 @@ int main(int argc, char** argv) {
     c = Case(); c.bf16 = bf; c.H = H; c.B = 2; c.T = 300; c.S = 400; c.Nq = 4; c.Nkv = 2; c.causal = true; c.det = true;
     c.drop = 0.4f; add(c);                                                           // deterministic: bit-equal
   };
+  // Block-aligned shapes (the forward's kEven variant: no load/store predicates), with causal
+  // (both alignments), GQA, window, softcap and the deterministic backward.
+  auto add_even = [&](bool bf, int H) {
+    Case c; c.bf16 = bf; c.H = H; c.T = 256; c.S = 512; c.Nq = 4; c.Nkv = 2; c.causal = true; c.br = true; add(c);
+    c = Case(); c.bf16 = bf; c.H = H; c.T = 512; c.S = 256; c.causal = true; c.softcap = 20.f; add(c);
+    c = Case(); c.bf16 = bf; c.H = H; c.T = 384; c.S = 640; c.wl = 100; c.wr = 30; add(c);
+    c = Case(); c.bf16 = bf; c.H = H; c.B = 2; c.T = 256; c.S = 256; c.Nq = 4; c.Nkv = 1; c.causal = true; c.det = true; add(c);
+    c = Case(); c.bf16 = bf; c.H = H; c.T = 128; c.S = 192; add(c);
+  };
   if (small) {
     Case c; c.H = 64; c.T = 97; c.S = 130; add(c);
     c.causal = true; c.br = true; c.lens = true; c.B = 3; c.Nq = 4; c.Nkv = 1; add(c);
@@ -519,6 +531,10 @@ int main(int argc, char** argv) {
       for (int H : {64, 128}) add_dropout(bf, H);
     add_dropout(true, 256);
     add_dropout(true, 80);  // padded onto the 128 kernel
+  } else if (even_only) {
+    for (int bf = 1; bf >= 0; --bf)
+      for (int H : {64, 128}) add_even(bf, H);
+    add_even(true, 256);
   } else if (extras_only) {
     for (int bf = 1; bf >= 0; --bf)
       for (int H : {64, 128}) add_extras(bf, H);
@@ -552,6 +568,9 @@ int main(int argc, char** argv) {
     { Case c; c.H = 128; c.T = 4096; c.S = 128; add(c); }
     { Case c; c.H = 128; c.T = 4096; c.S = 1000; c.Nq = 4; c.Nkv = 1; c.causal = true; c.det = true; add(c); }
     for (int bf = 1; bf >= 0; --bf)
+      for (int H : {64, 128}) add_even(bf, H);
+    add_even(true, 256);
+    for (int bf = 1; bf >= 0; --bf)
       for (int H : {64, 128}) add_extras(bf, H);
     add_extras(true, 256);
     for (int bf = 1; bf >= 0; --bf)
@@ -568,7 +587,7 @@ int main(int argc, char** argv) {
     bench(4, 4096, 16, 128, true, true, 0.1f);
     bench(8, 2048, 32, 64, false, true, 0.1f);
   }
-  if (!small && !extras_only && !dropout_only) {
+  if (!small && !extras_only && !dropout_only && !even_only) {
     bench(4, 4096, 16, 128, false, true);
     bench(4, 4096, 16, 128, true, true);
     bench(2, 8192, 16, 128, false, true);
