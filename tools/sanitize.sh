@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# compute-sanitizer memcheck and racecheck over small case sets of the standalone harnesses, on
+# the GPU machine (build the binaries here: cuda/sm80/harness/build.sh, cuda/sm90/build_harness.sh
+# fwd|bwd; carry their bin folders). One summary line per run on stdout, full logs under $OUT.
+#   tools/sanitize.sh [sm80] [fwd] [bwd]          (default: all three)
+# Binaries: $SM80_BIN, $FWD_BIN, $BWD_BIN (defaults: the build scripts' outputs). Each run is cut
+# off after $SAN_TIMEOUT seconds (default 150); racecheck runs ~100x slower than the kernels.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/jf_out}
+mkdir -p "$OUT"
+SM80_BIN=${SM80_BIN:-cuda/sm80/harness/bin/test_sm80}
+FWD_BIN=${FWD_BIN:-cuda/sm90/harness/bin/test_sm90}
+BWD_BIN=${BWD_BIN:-cuda/sm90/harness_bwd/bin/test_bwd_sm90}
+export PATH=/usr/local/cuda/bin:$PATH
+
+san() {  # tool name binary args...
+  local tool=$1 name=$2; shift 2
+  local log="$OUT/san_${tool}_${name}.log" t0
+  t0=$(date +%s)
+  timeout "${SAN_TIMEOUT:-150}" compute-sanitizer --tool "$tool" --error-exitcode 99 "$@" >"$log" 2>&1
+  local rc=$?
+  echo "$tool $name: rc $rc, $(( $(date +%s) - t0 )) s, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
+}
+
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=(sm80 fwd bwd)
+for t in "${targets[@]}"; do
+  case "$t" in
+    sm80)  # every portable kernel kind on 4 cases (lengths, GQA, window, softcap, deterministic)
+      san memcheck sm80_small "$SM80_BIN" --small
+      san racecheck sm80_small "$SM80_BIN" --small
+      san memcheck sm80_even "$SM80_BIN" --even ;;
+    fwd)  # H=64: 64-row two-CTA and 128-row dynamic kernels; H=256: the 64-key tiles
+      for h in 64 128 256; do san memcheck "fwd_h$h" "$FWD_BIN" --no-bench --h=$h; done
+      for h in 64 256; do san racecheck "fwd_h$h" "$FWD_BIN" --no-bench --h=$h; done ;;
+    bwd)  # causal on the dynamic schedule (6: H=128 GQA, 19: H=64, 24: H=256), deterministic causal
+          # (28), padded H=72 (32); the case numbers of test_bwd_sm90.cu's list
+      for c in 6 19 24 28 32; do san memcheck "bwd_case$c" "$BWD_BIN" --no-bench --case=$c; done
+      for c in 6 19 24; do san racecheck "bwd_case$c" "$BWD_BIN" --no-bench --case=$c; done ;;
+    *) echo "unknown target $t (sm80 | fwd | bwd)" >&2; exit 2 ;;
+  esac
+done
