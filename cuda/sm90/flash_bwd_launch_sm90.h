@@ -98,9 +98,11 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   int sms = 0;
   err = sm_count(&sms);
   if (err != cudaSuccess) return err;
-  // The dynamic schedule's tile counter: the caller's, or else the first dQ turn counter,
-  // which only the deterministic mode (never dynamic) uses otherwise.
-  int* const counter = p.tile_counter ? p.tile_counter : p.seqlen_q > 0 ? p.dq_semaphore : nullptr;
+  // The dynamic schedule's tile counter: the caller's, or else the first dQ turn counter
+  // (dq_semaphore, [batch, heads_q, acc_rows / 64]), which only the deterministic mode (never
+  // dynamic) uses otherwise.
+  bool const has_turn_counter = int64_t(p.batch) * p.heads_q * (kp.acc_rows / 64) > 0;
+  int* const counter = p.tile_counter ? p.tile_counter : has_turn_counter ? p.dq_semaphore : nullptr;
   bool const dynamic = JF_BWD_DYNAMIC && !Deterministic && longest_first && counter != nullptr &&
                        p.seqlen_k <= BwdTileConfig<T::kHeadDim>::DynamicCausalMaxS;
   // Deterministic: a CTA waits for the lower key blocks' dQ turns, so those must have been
@@ -108,7 +110,7 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   bool const persistent = dynamic || (!longest_first && !p.deterministic);
   int const grid = int(persistent && tiles > sms ? sms : tiles);
   kp.tile_counter = dynamic ? counter : nullptr;
-  if (dynamic) {  // stream-ordered after the row statistics kernel, which zeroes the turn counters
+  if (dynamic) {  // (the row statistics kernel writes the turn counters only when deterministic)
     err = cudaMemsetAsync(counter, 0, sizeof(int32_t), stream);
     if (err != cudaSuccess) return err;
   }
