@@ -40,6 +40,13 @@
 #include "traits.h"
 #include "utils.h"
 
+#ifndef JF_BWD_ASYNC_DS
+#define JF_BWD_ASYNC_DS 1
+#endif
+#ifndef JF_BWD_DK_FIRST
+#define JF_BWD_DK_FIRST 0
+#endif
+
 namespace jax_flash::sm90 {
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_, int kPolyEvery_ = 0>
@@ -59,6 +66,10 @@ struct BwdTraits {
   // 128 keys, by head_dim (and query rows for S / dP) when it has 64.
   static constexpr bool kSplitD = kBlockN == 64;
   static constexpr int kTileRing = 2;  // dynamic schedule: tiles handed over ahead of their use
+  // Key split: the WGs exchange dS through mbarriers and each step's dQ GEMM runs a step late
+  // (on the previous step's dS), so no barrier holds the two WGs in lockstep; WG 1 starts each
+  // tile half a step behind WG 0, and one WG forms P / dS while the other's GEMMs run (v43).
+  static constexpr bool kAsyncDS = !kSplitD && JF_BWD_ASYNC_DS;
   static_assert((kBlockN == 128 || kBlockN == 64) && kBlockM % 64 == 0);
   static constexpr int kStagesdO = kSplitD ? 1 : kStages;
   // dQ partial of one step: kdQFrag floats per consumer thread, one WG's part contiguous.
@@ -164,6 +175,9 @@ struct BwdTraits {
     alignas(16) cutlass::arch::ClusterBarrier tile_full[kTileRing];
     alignas(16) cutlass::arch::ClusterBarrier tile_empty[kTileRing];
     int tile_ring[kTileRing];
+    // Key split with kAsyncDS: the dS double buffer's full / empty barriers (both WGs arrive).
+    alignas(16) cutlass::arch::ClusterBarrier ds_full[2];
+    alignas(16) cutlass::arch::ClusterBarrier ds_empty[2];
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "sm90 shared memory per block");
@@ -371,6 +385,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         ss.tile_empty[i].init(kBwdTileReaders<T>);
       }
     }
+    if constexpr (T::kAsyncDS) {
+      for (int i = 0; i < 2; ++i) {
+        ss.ds_full[i].init(T::kMmaThreads);
+        ss.ds_empty[i].init(T::kMmaThreads);
+      }
+    }
   }
   typename T::Pipeline::Params pp;
   pp.role = warp_group == 0 ? T::Pipeline::ThreadCategory::Producer : T::Pipeline::ThreadCategory::Consumer;
@@ -540,6 +560,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   BwdStepTimeline tl;
   tl.init(kp.timeline, wg, blockIdx.x == 0 && tidx % 128 == 0);
   int loaded = 0;
+  // kAsyncDS: steps run so far by this CTA; step c's dS goes to buffer c % 2 (use c / 2).
+  int ds_count = 0;
+  // Key split: dQ = dS K over the block's 128 keys from dS buffer dbuf (both WGs' halves), this
+  // WG's head_dim half; then the fragment goes to the WG's writer warp (below). The accumulator
+  // is declared where it is used: a live range spanning the step loop costs 32 registers.
+  auto dq_gemm = [&](int dbuf, auto& tdQrdQ) {
+    Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data() + dbuf * T::kdSSize), typename T::SmemLayoutdS{});
+    Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);
+    wg_gemm<true, -1>(mma_dq, tdQrdS, tdQrK, tdQrdQ);
+  };
+  auto dq_handoff = [&](auto const& tdQrdQ) {
+    // The writer has read the previous fragment (a step ago: normally no wait).
+    named_sync(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < T::kdQFrag; i += 4)
+      *reinterpret_cast<float4*>(stage + dq_piece_offset(0, i)) = make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
+    fence_async_smem();
+    named_arrive(kBwdDQHandoffThreads, kBwdBarDQFull + wg);
+  };
   for (int r = 0;; ++r) {
     BwdTile const w = bwd_tile(kp, bwd_next_tile<T, Dynamic>(ss, r));
     if (w.done) break;
@@ -554,12 +593,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     clear(tdKrdK);
     if (n_iters > 0) {
       ss.barrier_kv.wait(loaded & 1);
+      // kAsyncDS: WG 1 starts the tile once WG 0 has formed its first P / dS.
+      if constexpr (T::kAsyncDS) {
+        if (wg == 1) named_sync(T::kMmaThreads, kBwdBarDS);
+      }
       BwdStep st = w.first_step(group);
       CUTLASS_PRAGMA_NO_UNROLL
       for (int it = 0; it < n_iters; ++it, w.next_step(st)) {
         int const hq = st.hq, m = st.m;
         int const row0 = m * kBlockM;
-        int const buf = it & 1;
+        int const buf = T::kAsyncDS ? ds_count & 1 : it & 1;
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         tl.mark(kBwdStart);
@@ -641,31 +684,68 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           // NOTES.md v19).
           Tensor tPrA = make_tensor(tPr16.data(), acc_to_Aregs(tPr16.layout()));
           Tensor tdSrA = make_tensor(tdSr16.data(), acc_to_Aregs(tdSr16.layout()));
+          if constexpr (T::kAsyncDS) {
+            if (wg == 0 && it == 0) named_arrive(T::kMmaThreads, kBwdBarDS);  // WG 1 may start the tile
+          }
           wg_gemm<false, -1>(mma_dkv, tPrA, tdVrdO(_, _, _, rd_do.index()), tdVrdV);
           // dS^T -> smem (as dS, keys contiguous) for dQ = dS K over all keys of the block.
+          if constexpr (T::kAsyncDS) ss.ds_empty[buf].wait(((ds_count >> 1) & 1) ^ 1);  // dQ of step c - 2 read it
           store_tile16(ss.ds.data() + buf * T::kdSSize, tdSr16);
           fence_async_smem();
-          named_sync(T::kMmaThreads, kBwdBarDS);
-          tl.mark(kBwdShared);
-          Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdS{});
-          Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);
-          Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-          wg_gemm<true, -1>(mma_dq, tdQrdS, tdQrK, tdQrdQ);
-          wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
-          warpgroup_wait<1>();  // dV (the last reader of this dO stage) and dQ are done
-          pipe_do.consumer_release(rd_do);
-          ++rd_do;
-          tl.mark(kBwdDQDone);
-          // The writer has read the previous fragment (a step ago: normally no wait).
-          named_sync(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);
-          CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < T::kdQFrag; i += 4)
-            *reinterpret_cast<float4*>(stage + dq_piece_offset(0, i)) = make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
-          fence_async_smem();
-          named_arrive(kBwdDQHandoffThreads, kBwdBarDQFull + wg);
+          if constexpr (T::kAsyncDS) {
+            ss.ds_full[buf].arrive();
+            tl.mark(kBwdShared);
+            // The previous step's dQ (the other WG stored its half of that dS long ago), then dK;
+            // the fragment goes to the writer while dK runs. One branch holds the dQ accumulator's
+            // whole live range.
+            if (it > 0) {
+              ss.ds_full[buf ^ 1].wait(((ds_count - 1) >> 1) & 1);
+              Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+#if JF_BWD_DK_FIRST
+              wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
+              dq_gemm(buf ^ 1, tdQrdQ);
+              warpgroup_wait<1>();
+              pipe_do.consumer_release(rd_do);
+              pipe_q.consumer_release(rd);
+              warpgroup_wait<0>();
+              ss.ds_empty[buf ^ 1].arrive();
+              tl.mark(kBwdDQDone);
+              dq_handoff(tdQrdQ);
+#else
+              dq_gemm(buf ^ 1, tdQrdQ);
+              wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
+              warpgroup_wait<1>();  // dV (the last reader of this dO stage) and the previous dQ are done
+              pipe_do.consumer_release(rd_do);
+              ss.ds_empty[buf ^ 1].arrive();
+              tl.mark(kBwdDQDone);
+              dq_handoff(tdQrdQ);
+#endif
+            } else {
+              wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
+              warpgroup_wait<1>();  // dV is done
+              pipe_do.consumer_release(rd_do);
+            }
+            ++rd_do;
+          } else {
+            named_sync(T::kMmaThreads, kBwdBarDS);
+            tl.mark(kBwdShared);
+            Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+            dq_gemm(buf, tdQrdQ);
+            wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
+            warpgroup_wait<1>();  // dV (the last reader of this dO stage) and dQ are done
+            pipe_do.consumer_release(rd_do);
+            ++rd_do;
+            tl.mark(kBwdDQDone);
+            dq_handoff(tdQrdQ);
+          }
           warpgroup_wait<0>();  // dK, the last reader of this Q stage
+#if JF_BWD_DK_FIRST
+          if (!T::kAsyncDS || it == 0) pipe_q.consumer_release(rd);
+#else
           pipe_q.consumer_release(rd);
+#endif
           ++rd;
+          ++ds_count;
         } else {
           // Each WG holds P^T / dS^T for half the rows: both halves meet in smem, then every
           // WG reads all rows for its head_dim half of dV and dK.
@@ -735,6 +815,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         tl.end_step();
       }
       if (kDeferLastPiece) flush_held();
+      if constexpr (T::kAsyncDS) {  // the tile's last dQ
+        int const last = (ds_count - 1) & 1;
+        ss.ds_full[last].wait(((ds_count - 1) >> 1) & 1);
+        Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+        dq_gemm(last, tdQrdQ);
+        warpgroup_wait<0>();
+        ss.ds_empty[last].arrive();
+        dq_handoff(tdQrdQ);
+      }
       ss.barrier_kv_empty.arrive();  // the last dQ GEMM (the last reader of K / V) has completed
       ++loaded;
     }
