@@ -359,7 +359,9 @@ def dot_product_attention(
         raise ValueError(f"key must be [B={B}, S, K, H={H}], got {key.shape}")
     if value.shape != key.shape:
         raise ValueError(f"value must have key's shape {key.shape}, got {value.shape}")
-    if K < 1 or N % K != 0:
+    V.check_nonempty("query", "heads N", N)
+    V.check_nonempty("key", "heads K", K)
+    if N % K != 0:
         raise ValueError(f"query heads ({N}) must be a multiple of key/value heads ({K})")
     V.check_head_dim("query", H)
     V.check_nonempty("query", "sequence length T", T)

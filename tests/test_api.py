@@ -91,6 +91,8 @@ def _qkv(T=8, S=8, N=4, K=2, H=16, dtype=jnp.float32):
         (lambda q, k, v: (q[:, :, :3], k, v), ValueError, r"query heads \(3\) must be a multiple of key/value heads \(2\)"),
         (lambda q, k, v: (jnp.zeros((2, 8, 4, 300), jnp.float32), jnp.zeros((2, 8, 2, 300), jnp.float32), jnp.zeros((2, 8, 2, 300), jnp.float32)), ValueError, "head dim"),
         (lambda q, k, v: (q[:, :0], k, v), ValueError, "sequence length T >= 1"),
+        (lambda q, k, v: (q[:, :, :0], k[:, :, :0], v[:, :, :0]), ValueError, "heads N >= 1"),
+        (lambda q, k, v: (q, k[:, :, :0], v[:, :, :0]), ValueError, "heads K >= 1"),
     ],
 )
 def test_shape_and_dtype_errors(make, exc, match):
@@ -117,6 +119,27 @@ def test_argument_errors(kw, exc, match):
     q, k, v = _qkv()
     with pytest.raises(exc, match=match):
         jax_flash.dot_product_attention(q, k, v, **kw)
+
+
+def check_empty_batch(dtype=jnp.float32, kernel=None):
+    """batch = 0 is a valid, empty problem: empty outputs and gradients, and a bias broadcast over
+    the batch gets a zero gradient (the kernels launch nothing)."""
+    q, k, v = (x[:0] for x in random_qkv(0, 1, 8, 8, 4, 2, 64, dtype))
+    bias = jax.random.normal(jax.random.key(1), (1, 4, 8, 8), jnp.float32)
+
+    def loss(q, k, v, bias):
+        o = jax_flash.dot_product_attention(q, k, v, bias, is_causal=True, implementation=kernel)
+        return o.astype(jnp.float32).sum()
+
+    out = jax_flash.dot_product_attention(q, k, v, is_causal=True, implementation=kernel)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    dq, dk, dv, dbias = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, bias)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    np.testing.assert_array_equal(np.asarray(dbias), np.zeros(bias.shape, np.float32))
+
+
+def test_empty_batch():
+    check_empty_batch()
 
 
 def test_errors_raise_at_trace_time():

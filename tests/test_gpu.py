@@ -111,6 +111,13 @@ def test_gpu_vmap_of_grad_and_export():
     np.testing.assert_array_equal(np.asarray(exp.call(q, k, v), np.float32), np.asarray(f(q, k, v), np.float32))
 
 
+@pytest.mark.parametrize("kernel", [None, "portable"])
+def test_gpu_empty_batch(kernel):
+    from test_api import check_empty_batch
+
+    check_empty_batch(jnp.bfloat16, kernel)
+
+
 def test_gpu_float32_is_a_clear_error():
     q, k, v = random_qkv(0, 1, 8, 8, 1, 1, 64, jnp.float32)
     with pytest.raises(TypeError, match="bfloat16 or float16"):

@@ -78,6 +78,7 @@ ffi::Error FwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   if (auto e = check_gpu_supported(p); e.failure()) return e;
   p.o = o->untyped_data();
   p.lse = static_cast<float*>(lse->untyped_data());
+  if (p.batch == 0) return ffi::Error::Success();  // empty batch: nothing to write (no zero grids)
   p.tile_counter = static_cast<int32_t*>(tile_counter->untyped_data());
   if (auto e = check_kernel_built(attrs.kernel); e.failure()) return e;
   if (auto e = check_extras_kernel(p, attrs.kernel); e.failure()) return e;
@@ -110,6 +111,10 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
     return ffi::Error::InvalidArgument(
         "jax_flash: deterministic=True is not supported with a bias broadcast over batch, heads, queries or keys "
         "(its gradient is summed with float atomics on the GPU); pass a full-size bias or deterministic=False");
+  if (p.batch == 0) {  // empty batch: a bias broadcast over it gets a zero gradient, nothing else
+    size_t const n = dbias->size_bytes();
+    return to_ffi(n ? cudaMemsetAsync(dbias->untyped_data(), 0, n, stream) : cudaSuccess, "zeroing dbias");
+  }
   p.dq = dq->untyped_data();
   p.dk = dk->untyped_data();
   p.dv = dv->untyped_data();

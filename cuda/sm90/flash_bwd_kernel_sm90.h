@@ -43,9 +43,6 @@
 #ifndef JF_BWD_ASYNC_DS
 #define JF_BWD_ASYNC_DS 1
 #endif
-#ifndef JF_BWD_DK_FIRST
-#define JF_BWD_DK_FIRST 0
-#endif
 
 namespace jax_flash::sm90 {
 
@@ -701,17 +698,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
             if (it > 0) {
               ss.ds_full[buf ^ 1].wait(((ds_count - 1) >> 1) & 1);
               Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-#if JF_BWD_DK_FIRST
-              wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
-              dq_gemm(buf ^ 1, tdQrdQ);
-              warpgroup_wait<1>();
-              pipe_do.consumer_release(rd_do);
-              pipe_q.consumer_release(rd);
-              warpgroup_wait<0>();
-              ss.ds_empty[buf ^ 1].arrive();
-              tl.mark(kBwdDQDone);
-              dq_handoff(tdQrdQ);
-#else
               dq_gemm(buf ^ 1, tdQrdQ);
               wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
               warpgroup_wait<1>();  // dV (the last reader of this dO stage) and the previous dQ are done
@@ -719,7 +705,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
               ss.ds_empty[buf ^ 1].arrive();
               tl.mark(kBwdDQDone);
               dq_handoff(tdQrdQ);
-#endif
             } else {
               wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
               warpgroup_wait<1>();  // dV is done
@@ -739,11 +724,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
             dq_handoff(tdQrdQ);
           }
           warpgroup_wait<0>();  // dK, the last reader of this Q stage
-#if JF_BWD_DK_FIRST
-          if (!T::kAsyncDS || it == 0) pipe_q.consumer_release(rd);
-#else
           pipe_q.consumer_release(rd);
-#endif
           ++rd;
           ++ds_count;
         } else {

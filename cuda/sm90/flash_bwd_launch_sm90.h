@@ -12,12 +12,13 @@ namespace jax_flash::sm90 {
 template <int kHeadDim>
 struct BwdTileConfig;
 // PolyEvery: every n-th exp2 of P on the FMA pipe (NOTES.md v20: H=64 1 in 4 +5%, H=128 1 in 8
-// +1-2%); the macros override it for experiments.
+// +1-2%; v43: without the lockstep the H=128 WGs no longer form P at the same time, and all-MUFU
+// is 0-3% faster there); the macros override it for experiments.
 #ifndef JF_BWD_POLY64
 #define JF_BWD_POLY64 4
 #endif
 #ifndef JF_BWD_POLY128
-#define JF_BWD_POLY128 8
+#define JF_BWD_POLY128 0
 #endif
 // DynamicCausalMaxS: causal / right-bounded problems with at most this many keys run persistent
 // on the dynamic schedule (bwd_next_tile; v41: S = 1k / 4k / 16k causal, H=64 +7% / +1% / -2%,
