@@ -9,9 +9,11 @@
 //       P^T  = exp2(S^T*scale*log2e - lse*log2e) while dP^T is in flight,
 //       dS^T = P^T (dP^T - D) [* softcap grad]
 //       dV  += P^T dO, dK += dS^T Q           (wgmma RS: P^T / dS^T straight from registers)
-//       dS^T -> smem (MN-major dS, double buffer, stmatrix), named barrier, dQ = dS K (wgmma SS, head_dim
-//       split over WGs) issued before dK; while dK runs, dQ -> smem (fragment order), handed to
-//       the WG's writer warp (producer WG warps 1-2), which issues one bulk reduce-add
+//       dS^T -> smem (MN-major dS, double buffer, stmatrix; full / empty mbarriers), then the
+//       previous step's dQ = dS K (wgmma SS, head_dim split over WGs: it needs both WGs' dS
+//       halves, so it runs a step late and no barrier holds the WGs in lockstep; WG 1 runs about
+//       half a step behind WG 0, NOTES.md v43) issued before dK; while dK runs, dQ -> smem
+//       (fragment order), handed to the WG's writer warp (producer WG warps 1-2), which issues one bulk reduce-add
 //       (cp.reduce.async.bulk) into dq_accum: no per-thread atomics, and the consumers never
 //       wait for the bulk engine (NOTES.md v19). The writers walk the same tile / step
 //       sequence (bwd_tile), so only the fragment passes through smem (v21).
