@@ -71,6 +71,9 @@ struct BwdTraits {
   static constexpr bool kAsyncDS = !kSplitD && JF_BWD_ASYNC_DS;
   static_assert((kBlockN == 128 || kBlockN == 64) && kBlockM % 64 == 0);
   static constexpr int kStagesdO = kSplitD ? 1 : kStages;
+  // Key split with 3+ Q / dO stages: smem has no room for the dK / dV epilogue buffer, so each WG
+  // stages its dK / dV in its dQ staging buffer (v44; kBwdBarDQEmpty protocol in the kernel).
+  static constexpr bool kdKVInDQStage = !kSplitD && kStages >= 3;
   // dQ partial of one step: kdQFrag floats per consumer thread, one WG's part contiguous.
   static constexpr int kdQFrag = kBlockM * kHeadDim / kMmaThreads;
   static constexpr int kdQWGFloats = 128 * kdQFrag;
@@ -154,15 +157,20 @@ struct BwdTraits {
 
   static constexpr int kdSSize = cute::cosize_v<SmemLayoutdS>;
   static_assert(!kSplitD || cute::cosize_v<SmemLayoutdKV> <= 2 * kdSSize, "dK / dV staging in the P / dS buffers");
+  static_assert(!kdKVInDQStage || cute::cosize_v<SmemLayoutdKV> * sizeof(Element) <= kdQStageFloats * sizeof(float),
+                "dK / dV staging in the dQ staging buffer");
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutdO>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> v;
     cute::array_aligned<Element, 2 * kdSSize, 1024> ds;  // double buffer
-    cute::array_aligned<Element, kSplitD ? 2 * kdSSize : 0, 1024> p;  // P, same layout as dS
-    cute::array_aligned<float, kMmaWGs * kdQStageFloats, 128> dq;  // dQ staging
-    cute::array_aligned<Element, kSplitD ? 0 : kMmaWGs * cute::cosize_v<SmemLayoutdKV>, 1024> dkv;  // epilogue
+    // (An empty array_aligned still takes its alignment in bytes: kdKVInDQStage, which needs every
+    // byte, gives its empty members 16.)
+    cute::array_aligned<Element, kSplitD ? 2 * kdSSize : 0, kdKVInDQStage ? 16 : 1024> p;  // P, same layout as dS
+    cute::array_aligned<float, kMmaWGs * kdQStageFloats, kdKVInDQStage ? 1024 : 128> dq;  // dQ staging
+    cute::array_aligned<Element, kSplitD || kdKVInDQStage ? 0 : kMmaWGs * cute::cosize_v<SmemLayoutdKV>,
+                        kdKVInDQStage ? 16 : 1024> dkv;  // epilogue
     alignas(16) float lse[kStages][kBlockM];   // lse * log2(e)
     alignas(16) float dsum[kStagesdO][kBlockM];  // rowsum(dO * O)
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;  // K, V of the tile landed
@@ -327,7 +335,10 @@ __device__ void bwd_dq_writer(BwdKernelParams<T> const& kp, typename T::SharedSt
   float const* stage = ss.dq.data() + wg * T::kdQStageFloats;
   bool const leader = threadIdx.x % 32 == 0;
   int const group = p.heads_q / p.heads_kv;
-  named_arrive(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);  // starts empty
+  // Starts empty. kdKVInDQStage: a tile's first handoff waits for the previous epilogue's stores
+  // instead, and the epilogue takes the arrival of the tile's last reduce, so each arrival still
+  // meets exactly one consumer sync (a second arrival before it would break the barrier).
+  if constexpr (!T::kdKVInDQStage) named_arrive(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);
   for (int r = 0;; ++r) {
     BwdTile const w = bwd_tile(kp, bwd_next_tile<T, Dynamic>(ss, r));
     if (w.done) break;
@@ -569,9 +580,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);
     wg_gemm<true, -1>(mma_dq, tdQrdS, tdQrK, tdQrdQ);
   };
-  auto dq_handoff = [&](auto const& tdQrdQ) {
-    // The writer has read the previous fragment (a step ago: normally no wait).
-    named_sync(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);
+  auto dq_handoff = [&](auto const& tdQrdQ, bool first_of_tile) {
+    // The writer has read the previous fragment (a step ago: normally no wait). kdKVInDQStage: the
+    // tile's first handoff follows the previous epilogue, which synced already (tile start).
+    if (!T::kdKVInDQStage || !first_of_tile) named_sync(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < T::kdQFrag; i += 4)
       *reinterpret_cast<float4*>(stage + dq_piece_offset(0, i)) = make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
@@ -592,6 +604,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     clear(tdKrdK);
     if (n_iters > 0) {
       ss.barrier_kv.wait(loaded & 1);
+      if constexpr (T::kdKVInDQStage) {  // the previous epilogue's dK / dV stores have read the dQ staging buffer
+        if (tidx % 128 == 0) tma_store_wait<0>();
+        named_sync(128, kBwdBarEpilogue + wg);
+      }
       // kAsyncDS: WG 1 starts the tile once WG 0 has formed its first P / dS.
       if constexpr (T::kAsyncDS) {
         if (wg == 1) named_sync(T::kMmaThreads, kBwdBarDS);
@@ -706,7 +722,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
               pipe_do.consumer_release(rd_do);
               ss.ds_empty[buf ^ 1].arrive();
               tl.mark(kBwdDQDone);
-              dq_handoff(tdQrdQ);
+              dq_handoff(tdQrdQ, it == 1);
             } else {
               wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
               warpgroup_wait<1>();  // dV is done
@@ -723,7 +739,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
             pipe_do.consumer_release(rd_do);
             ++rd_do;
             tl.mark(kBwdDQDone);
-            dq_handoff(tdQrdQ);
+            dq_handoff(tdQrdQ, it == 0);
           }
           warpgroup_wait<0>();  // dK, the last reader of this Q stage
           pipe_q.consumer_release(rd);
@@ -805,7 +821,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         dq_gemm(last, tdQrdQ);
         warpgroup_wait<0>();
         ss.ds_empty[last].arrive();
-        dq_handoff(tdQrdQ);
+        dq_handoff(tdQrdQ, n_iters == 1);
       }
       ss.barrier_kv_empty.arrive();  // the last dQ GEMM (the last reader of K / V) has completed
       ++loaded;
@@ -820,8 +836,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     Tensor rdK = make_tensor_like<Element>(tdKrdK);
     convert_out(tdKrdK, rdK);
     if constexpr (T::kSplitD) named_sync(T::kMmaThreads, kBwdBarDS);  // both WGs' last GEMMs read P / dS
-    Element* const buf = T::kSplitD ? (wg == 0 ? ss.p.data() : ss.ds.data())
-                                    : ss.dkv.data() + wg * cute::cosize_v<typename T::SmemLayoutdKV>;
+    if constexpr (T::kdKVInDQStage) {  // the writer's last reduce of this tile has read the dQ staging buffer
+      if (n_iters > 0) named_sync(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);
+    }
+    Element* const buf = T::kSplitD        ? (wg == 0 ? ss.p.data() : ss.ds.data())
+                         : T::kdKVInDQStage ? reinterpret_cast<Element*>(stage)
+                                            : ss.dkv.data() + wg * cute::cosize_v<typename T::SmemLayoutdKV>;
     auto const frag = partition_fragment_C(typename T::TiledMmadKVWG{}, Shape<_64, Int<T::kdKVCols>>{}).layout();
     auto gtile = [&](auto const& tma) {  // this WG's 64 keys x kdKVCols of dK or dV
       Tensor mX = tma.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch))(_, _, h_kv, b);
