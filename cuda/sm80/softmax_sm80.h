@@ -18,6 +18,16 @@ __device__ __forceinline__ void row_interval(SeqMask const& mask, int64_t r, int
   }
 }
 
+// Row mi of this thread's accumulator sees the tile columns [lo, hi): -inf elsewhere.
+template <typename T, typename C>
+__device__ __forceinline__ void mask_row_outside(T& rc, C const& crc, int mi, int lo, int hi) {
+  CUTE_UNROLL
+  for (int ni = 0; ni < size<1>(rc); ++ni) {
+    const int c = get<1>(crc(0, ni));
+    if (c < lo || c >= hi) rc(mi, ni) = -INFINITY;
+  }
+}
+
 // Set logits of invisible (row, key) pairs to -inf. Only called on boundary tiles; interior
 // tiles are known visible from SeqMask::tile_full. rc/crc: (rows, cols) views of the
 // accumulator and of its tile coordinates; row0/col0: tile origin in the sequence.
@@ -29,11 +39,7 @@ __device__ __forceinline__ void apply_mask(T& rc, C const& crc, SeqMask const& m
     const int64_t r = row0 + get<0>(crc(mi, 0));
     int lo, hi;  // visible columns of this row, relative to col0
     row_interval(mask, r, col0, lo, hi);
-    CUTE_UNROLL
-    for (int ni = 0; ni < size<1>(rc); ++ni) {
-      const int c = get<1>(crc(0, ni));
-      if (c < lo || c >= hi) rc(mi, ni) = -INFINITY;
-    }
+    mask_row_outside(rc, crc, mi, lo, hi);
   }
 }
 
@@ -44,14 +50,7 @@ __device__ __forceinline__ void apply_mask_rows(T& rc, C const& crc, const int (
                                                 const int (&key_hi)[kRows], int col0) {
   static_assert(decltype(size<0>(rc))::value == kRows);
   CUTE_UNROLL
-  for (int mi = 0; mi < kRows; ++mi) {
-    const int lo = key_lo[mi] - col0, hi = key_hi[mi] - col0;
-    CUTE_UNROLL
-    for (int ni = 0; ni < size<1>(rc); ++ni) {
-      const int c = get<1>(crc(0, ni));
-      if (c < lo || c >= hi) rc(mi, ni) = -INFINITY;
-    }
-  }
+  for (int mi = 0; mi < kRows; ++mi) mask_row_outside(rc, crc, mi, key_lo[mi] - col0, key_hi[mi] - col0);
 }
 
 // Running max / sum per accumulator row of this thread.

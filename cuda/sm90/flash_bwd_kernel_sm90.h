@@ -442,6 +442,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       auto wr_do = cutlass::make_producer_start_state<typename T::PipelinedO>();
       int loaded = 0;
       int claimed = int(blockIdx.x);  // dynamic: the CTA's first tile is its own index
+      auto claim_next = [&] {  // dynamic: the next tile (the counter counts tiles past the first grid)
+        if constexpr (Dynamic) claimed = atomicAdd(kp.tile_counter, 1) + int(gridDim.x);
+      };
       for (int r = 0;; ++r) {
         if constexpr (Dynamic) {  // hand this round's tile to the consumers and dQ writers
           int const slot = r % T::kTileRing;
@@ -454,7 +457,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         TileCoord const t = w.t;
         int const n_iters = w.n_iters;
         if (n_iters == 0) {
-          if constexpr (Dynamic) claimed = atomicAdd(kp.tile_counter, 1) + int(gridDim.x);
+          claim_next();
           continue;
         }
         // K / V are single-buffered: the previous tile's consumers must be done with them.
@@ -487,7 +490,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         }
         ++loaded;
         // Dynamic: the next tile is claimed once this one's loads are all issued, near its end.
-        if constexpr (Dynamic) claimed = atomicAdd(kp.tile_counter, 1) + int(gridDim.x);
+        claim_next();
       }
       pipe_q.producer_tail(wr);
       pipe_do.producer_tail(wr_do);
