@@ -34,10 +34,11 @@ for t in "${targets[@]}"; do
     fwd)  # H=64: 64-row two-CTA and 128-row dynamic kernels; H=256: the 64-key tiles
       for h in 64 128 256; do san memcheck "fwd_h$h" "$FWD_BIN" --no-bench --h=$h; done
       for h in 64 256; do san racecheck "fwd_h$h" "$FWD_BIN" --no-bench --h=$h; done ;;
-    bwd)  # causal on the dynamic schedule (6: H=128 GQA, 19: H=64, 24: H=256), deterministic causal
-          # (28), padded H=72 (32); the case numbers of test_bwd_sm90.cu's list
-      for c in 6 19 24 28 32; do san memcheck "bwd_case$c" "$BWD_BIN" --no-bench --case=$c; done
-      for c in 6 19 24; do san racecheck "bwd_case$c" "$BWD_BIN" --no-bench --case=$c; done ;;
+    bwd)  # non-causal persistent (0: H=128 GQA), causal on the dynamic schedule (6: H=128 GQA,
+          # 19: H=64, 24: H=256), deterministic causal (28), padded H=72 (32); the case numbers of
+          # test_bwd_sm90.cu's list. The key split's dS ring (v43) runs in 0, 6, 19, 28, 32.
+      for c in 0 6 19 24 28 32; do san memcheck "bwd_case$c" "$BWD_BIN" --no-bench --case=$c; done
+      for c in 0 6 19 24; do san racecheck "bwd_case$c" "$BWD_BIN" --no-bench --case=$c; done ;;
     *) echo "unknown target $t (sm80 | fwd | bwd)" >&2; exit 2 ;;
   esac
 done

@@ -730,6 +730,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
               wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
               warpgroup_wait<1>();  // dV is done
               pipe_do.consumer_release(rd_do);
+              tl.mark(kBwdDQDone);
             }
             ++rd_do;
           } else {
