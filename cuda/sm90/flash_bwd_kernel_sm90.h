@@ -271,7 +271,7 @@ constexpr int kBwdTileReaders = T::kMmaThreads + (T::kSplitD ? 0 : 64);
 
 // Named barrier ids, as passed to cutlass::arch::NamedBarrier (which adds its 8 reserved ids:
 // hardware ids 8..15, so user ids must stay below 8).
-constexpr int kBwdBarDS = 0;   // both consumer WGs stored their dS^T half
+constexpr int kBwdBarDS = 0;   // both consumer WGs stored their dS^T (P^T) half; kAsyncDS: WG 1 may start a tile
 constexpr int kBwdBarDQ = 1;   // + wg: the WG stored its dQ fragment (head-dim split)
 constexpr int kBwdBarEpilogue = kBwdBarDQ;  // + wg: the WG's dK / dV stores (after its last dQ use)
 // Key split: consumer WG wg hands its dQ fragment to writer warp 1 + wg of the producer WG.
@@ -372,7 +372,7 @@ template <class Pipe, class State>
 __forceinline__ __device__ void bwd_consumer_wait(Pipe& pipe, State& st) {
   auto tok = pipe.consumer_try_wait(st);
   pipe.consumer_wait(st, tok);
-}  // named barrier: both consumer WGs wrote their dS^T half
+}
 
 template <class Traits, bool Softcap, bool Deterministic, bool Dynamic = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_constant__ const BwdKernelParams<Traits> kp) {
