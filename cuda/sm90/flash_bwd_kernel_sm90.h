@@ -183,6 +183,9 @@ struct BwdTraits {
     alignas(16) cutlass::arch::ClusterBarrier tile_empty[kTileRing];
     int tile_ring[kTileRing];
     // Key split with kAsyncDS: the dS double buffer's full / empty barriers (both WGs arrive).
+    // cutlass's ClusterBarrier wait / arrive asm has no memory clobber: the ring is sound because
+    // every dS access is itself volatile asm (stmatrix, fence.proxy.async, wgmma); plain C++ stores
+    // into it would need clobbering waits (utils.h named_sync style).
     alignas(16) cutlass::arch::ClusterBarrier ds_full[2];
     alignas(16) cutlass::arch::ClusterBarrier ds_empty[2];
   };
