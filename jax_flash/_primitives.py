@@ -430,10 +430,21 @@ def _fold_extras_batch(spec, extras, dims, V, B, per_example):
     return out
 
 
+def _batch_of_nothing(prim, args, dims, spec):
+    """vmap over an axis of size 0: empty outputs of the right shapes (the folds below divide by
+    the mapped size, and there is nothing to compute)."""
+    one = [jax.ShapeDtypeStruct(x.shape if d is _NOT else x.shape[:d] + x.shape[d + 1 :], x.dtype)
+           for x, d in zip(args, dims)]
+    outs = jax.eval_shape(partial(prim.bind, spec=spec), *one)
+    return tuple(jnp.zeros((0,) + o.shape, o.dtype) for o in outs), (0,) * len(outs)
+
+
 def _fwd_batch(args, dims, *, spec):
     q, k, v, ql, kvl, *ex = args
     qd, kd, vd, qld, kvld, *exd = dims
     V = _size_of(args, dims)
+    if V == 0:
+        return _batch_of_nothing(flash_fwd_p, args, dims, spec)
     N = q.shape[3] if qd is not _NOT and qd <= 2 else q.shape[2]  # heads of one example
     mode = _fold_mode([qd], [kd, vd], [qld, kvld], extras_ok=_extras_modes(spec, ex, exd, N, False))
     if mode == "group":
@@ -458,6 +469,8 @@ def _bwd_batch(args, dims, *, spec):
     q, k, v, o, lse, do, ql, kvl, *ex = args
     qd, kd, vd, od, lsed, dod, qld, kvld, *exd = dims
     V = _size_of(args, dims)
+    if V == 0:
+        return _batch_of_nothing(flash_bwd_p, args, dims, spec)
     N = q.shape[3] if qd is not _NOT and qd <= 2 else q.shape[2]
     mode = _fold_mode([qd, od, dod], [kd, vd], [qld, kvld], lse_dim=lsed,
                       extras_ok=tuple(m for m in _extras_modes(spec, ex, exd, N, True) if m == "heads"))

@@ -102,6 +102,23 @@ def test_vmap_q_only_grads_sum_over_mapped_axis():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_vmap_over_an_empty_axis():
+    """A mapped axis of size 0 (core and drop-in, forward and gradients, a bias shared by every
+    example): empty results of the right shapes, no kernel launched."""
+    core = jax.vmap(lambda q: jax_flash.flash_attention(q, q, q, causal=True))
+    assert core(jnp.ones((0, 16, 64), jnp.float32)).shape == (0, 16, 64)
+    g = jax.vmap(jax.grad(lambda q: jax_flash.flash_attention(q, q, q, causal=True).sum()))
+    assert g(jnp.ones((0, 16, 64), jnp.float32)).shape == (0, 16, 64)
+    bias = jnp.ones((1, 2, 8, 8), jnp.float32)
+
+    def loss(q, b):
+        return jax_flash.dot_product_attention(q, q, q, b).sum()
+
+    for in_axis, q in ((0, jnp.ones((0, 1, 8, 2, 16), jnp.float32)), (1, jnp.ones((1, 0, 8, 2, 16), jnp.float32))):
+        dq, db = jax.vmap(jax.grad(loss, argnums=(0, 1)), in_axes=(in_axis, None))(q, bias)
+        assert dq.shape == (0, 1, 8, 2, 16) and db.shape == (0, 1, 2, 8, 8)
+
+
 def test_jacrev_matches_reference():
     q, k, v = rand((1, 5, 1, 4), 0, jnp.float64), rand((1, 6, 1, 4), 1, jnp.float64), rand((1, 6, 1, 4), 2, jnp.float64)
     q32, k32, v32 = (x.astype(F32) for x in (q, k, v))
