@@ -559,8 +559,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   // uniform while wgmmas are in flight makes it serialize every wgmma of the kernel (C7518).
   auto flush_held = [&]() {
     if constexpr (kDeferLastPiece) {
-      if (tidx % 128 == 0) tma_store_wait<0>();
-      named_sync(128, kBwdBarDQ + wg);
+      wg_wait_bulk_reads(tidx, kBwdBarDQ + wg);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < kPieceFrag; i += 4)
         *reinterpret_cast<float4*>(stage + dq_piece_offset(T::kdQRounds - 1, i + (T::kdQRounds - 1) * kPieceFrag)) =
@@ -611,8 +610,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     if (n_iters > 0) {
       ss.barrier_kv.wait(loaded & 1);
       if constexpr (T::kdKVInDQStage) {  // the previous epilogue's dK / dV stores have read the dQ staging buffer
-        if (tidx % 128 == 0) tma_store_wait<0>();
-        named_sync(128, kBwdBarEpilogue + wg);
+        wg_wait_bulk_reads(tidx, kBwdBarEpilogue + wg);
       }
       // kAsyncDS: WG 1 starts the tile once WG 0 has formed its first P / dS.
       if constexpr (T::kAsyncDS) {
@@ -793,8 +791,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
               break;
             }
             if (r > 0 || kDeferLastPiece) {  // the previous piece's reduce must have read the staging buffer
-              if (tidx % 128 == 0) tma_store_wait<0>();
-              named_sync(128, kBwdBarDQ + wg);
+              wg_wait_bulk_reads(tidx, kBwdBarDQ + wg);
             }
             CUTLASS_PRAGMA_UNROLL
             for (int i = r * kPieceFrag; i < (r + 1) * kPieceFrag; i += 4)

@@ -99,6 +99,14 @@ __forceinline__ __device__ void wg_bulk_drain(int tidx) {
   if (tidx % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
+// The bulk operations the WG's first thread issued (TMA stores, bulk reduce-adds) have read
+// their smem sources, so the WG may overwrite them: the issuer waits, then the WG syncs on its
+// 128-thread named barrier bar.
+__forceinline__ __device__ void wg_wait_bulk_reads(int tidx, int bar) {
+  if (tidx % 128 == 0) cute::tma_store_wait<0>();
+  named_sync(128, bar);
+}
+
 // One consumer warpgroup's 64 x N tile of 16-bit values, held as the C fragment of TiledMmaWG
 // (a single-warpgroup wgmma), out to global memory: registers -> the WG's smem buffer (stmatrix,
 // SmemLayout) -> one TMA store issued by the WG's first thread, which a few instructions hand
@@ -111,8 +119,7 @@ __forceinline__ __device__ void wg_tma_store(Frag const& frag16, typename Frag::
                                              MakeGTile const& make_gtile, int bar, int tidx) {
   using Element = typename Frag::value_type;
   bool const issuer = tidx % 128 == 0;
-  if (issuer) cute::tma_store_wait<0>();
-  named_sync(128, bar);
+  wg_wait_bulk_reads(tidx, bar);
   Tensor s = make_tensor(make_smem_ptr(smem), SmemLayout{});
   auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, TiledMmaWG{});
   auto thr = r2s.get_thread_slice(tidx % 128);
