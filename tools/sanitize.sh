@@ -5,6 +5,7 @@
 #   tools/sanitize.sh [sm80] [fwd] [bwd]          (default: all three)
 # Binaries: $SM80_BIN, $FWD_BIN, $BWD_BIN (defaults: the build scripts' outputs). Each run is cut
 # off after $SAN_TIMEOUT seconds (default 150); racecheck runs ~100x slower than the kernels.
+# SAN_PARALLEL=1 starts every run at once (they share the GPU; the lines come as runs finish).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/jf_out}
@@ -22,23 +23,29 @@ san() {  # tool name binary args...
   local rc=$?
   echo "$tool $name: rc $rc, $(( $(date +%s) - t0 )) s, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
 }
+if [ "${SAN_PARALLEL:-0}" = 1 ]; then
+  run_san() { san "$@" & }
+else
+  run_san() { san "$@"; }
+fi
 
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(sm80 fwd bwd)
 for t in "${targets[@]}"; do
   case "$t" in
     sm80)  # every portable kernel kind on 4 cases (lengths, GQA, window, softcap, deterministic)
-      san memcheck sm80_small "$SM80_BIN" --small
-      san racecheck sm80_small "$SM80_BIN" --small
-      san memcheck sm80_even "$SM80_BIN" --even ;;
+      run_san memcheck sm80_small "$SM80_BIN" --small
+      run_san racecheck sm80_small "$SM80_BIN" --small
+      run_san memcheck sm80_even "$SM80_BIN" --even ;;
     fwd)  # H=64: 64-row two-CTA and 128-row dynamic kernels; H=256: the 64-key tiles
-      for h in 64 128 256; do san memcheck "fwd_h$h" "$FWD_BIN" --no-bench --h=$h; done
-      for h in 64 256; do san racecheck "fwd_h$h" "$FWD_BIN" --no-bench --h=$h; done ;;
+      for h in 64 128 256; do run_san memcheck "fwd_h$h" "$FWD_BIN" --no-bench --h=$h; done
+      for h in 64 256; do run_san racecheck "fwd_h$h" "$FWD_BIN" --no-bench --h=$h; done ;;
     bwd)  # non-causal persistent (0: H=128 GQA), causal on the dynamic schedule (6: H=128 GQA,
           # 19: H=64, 24: H=256), deterministic causal (28), padded H=72 (32); the case numbers of
           # test_bwd_sm90.cu's list. The key split's dS ring (v43) runs in 0, 6, 19, 28, 32.
-      for c in 0 6 19 24 28 32; do san memcheck "bwd_case$c" "$BWD_BIN" --no-bench --case=$c; done
-      for c in 0 6 19 24; do san racecheck "bwd_case$c" "$BWD_BIN" --no-bench --case=$c; done ;;
+      for c in 0 6 19 24 28 32; do run_san memcheck "bwd_case$c" "$BWD_BIN" --no-bench --case=$c; done
+      for c in 0 6 19 24; do run_san racecheck "bwd_case$c" "$BWD_BIN" --no-bench --case=$c; done ;;
     *) echo "unknown target $t (sm80 | fwd | bwd)" >&2; exit 2 ;;
   esac
 done
+wait
