@@ -2,13 +2,17 @@
 
 import os
 
-# Before jax initialises its backends: 8 host devices for the sharding tests, and cheaper
-# LLVM codegen for the many small reference computations (our kernels are native code).
+# Before jax initialises its backends: 8 host devices for the sharding tests, cheaper LLVM
+# codegen for the many small reference computations (our kernels are native code), and on a
+# GPU no autotuning of the references' GEMMs: a GPU test spends ~7 of its ~8 s compiling the
+# two references (session 14), and the fastest GEMM algorithm buys a test nothing.
+# JF_TEST_XLA_AUTOTUNE=1 keeps XLA's autotuning (tools/test_time_probe.py compares the two).
 os.environ["XLA_FLAGS"] = " ".join([
     os.environ.get("XLA_FLAGS", ""),
     "--xla_force_host_platform_device_count=8",
     "--xla_backend_optimization_level=0",
     "--xla_llvm_disable_expensive_passes=true",
+    *([] if os.environ.get("JF_TEST_XLA_AUTOTUNE") == "1" else ["--xla_gpu_autotune_level=0"]),
 ])
 
 import jax  # noqa: E402
