@@ -1,7 +1,7 @@
 // Standalone correctness + speed harness for the sm90 backward (flash_bwd_sm90).
 // Forward (o, lse) and backward references on the CPU in float64. Ours must be within 2x the
 // error of a naive same-dtype computation (P and dS rounded to the dtype, fp32 math) plus
-// eps = 1e-3 * max(1, max|ref|). Speed: B*S = 16384, N*H = 2048, bf16, median TFLOP/s with
+// eps = 1e-3 * max(1, max|ref|). Speed: B*S = 16384, N*H = 2048, bf16 (--fp16: float16), median TFLOP/s with
 // TFLOP/s = 2.5 * 4*B*N*S*S*H / time (halved for causal).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -254,11 +254,12 @@ static void print_timeline(uint32_t* dbuf, int H, int S, int causal) {
 #endif
 
 static bool g_det = false;
+static bool g_fp16 = false;  // --fp16: bench float16 instead of bfloat16
 static double bench(int H, int S, bool causal, int reps) {
   const int B = 16384 / S, N = 2048 / H;
   FlashBwdParams p;
   p.batch = B; p.seqlen_q = S; p.seqlen_k = S; p.heads_q = N; p.heads_kv = N; p.head_dim = H;
-  p.dtype = DType::kBFloat16; p.scale = 1.f / std::sqrt(float(H)); p.causal = causal; p.window_right = causal ? 0 : -1;
+  p.dtype = g_fp16 ? DType::kFloat16 : DType::kBFloat16; p.scale = 1.f / std::sqrt(float(H)); p.causal = causal; p.window_right = causal ? 0 : -1;
   size_t n = size_t(B) * S * N * H;
   void *q, *k, *v, *o, *dO, *dq, *dk, *dv; float *lse, *dsum, *lse2, *acc; int* sem;
   for (void** x : {&q, &k, &v, &o, &dO, &dq, &dk, &dv}) CK(cudaMalloc(x, n * 2));
@@ -275,7 +276,7 @@ static double bench(int H, int S, bool causal, int reps) {
   std::mt19937 g(1);
   std::normal_distribution<float> nd;
   for (void* x : {q, k, v, o, dO}) {
-    for (auto& e : h) e = from_f(nd(g), true);
+    for (auto& e : h) e = from_f(nd(g), !g_fp16);
     CK(cudaMemcpy(x, h.data(), n * 2, cudaMemcpyHostToDevice));
   }
   std::vector<float> hl(size_t(B) * N * S);
@@ -306,6 +307,7 @@ int main(int argc, char** argv) {
     if (!strncmp(argv[i], "--s=", 4)) only_s = atoi(argv[i] + 4);  // bench one seqlen
     if (!strncmp(argv[i], "--causal=", 9)) only_causal = atoi(argv[i] + 9);  // bench one mask kind
     if (!strcmp(argv[i], "--det")) g_det = true;  // bench the deterministic mode
+    if (!strcmp(argv[i], "--fp16")) g_fp16 = true;
 #ifdef JF_BWD_TIMELINE
     if (!strcmp(argv[i], "--timeline")) {
       CK(cudaMalloc(&sm90::g_bwd_timeline, sm90::kTimelineBytes));
@@ -372,7 +374,7 @@ int main(int argc, char** argv) {
   }
   if (do_bench) {
     const int Ss[3] = {1024, 4096, 16384};
-    printf("\nbwd bf16 TFLOP/s%s | S=1k  | S=4k  | S=16k |\n", g_det ? " (det)" : "      ");
+    printf("\nbwd %s TFLOP/s%s | S=1k  | S=4k  | S=16k |\n", g_fp16 ? "fp16" : "bf16", g_det ? " (det)" : "      ");
     for (int H : {64, 128, 256})
       for (int causal = 0; causal < 2; ++causal) {
         if (only_h && H != only_h) continue;
