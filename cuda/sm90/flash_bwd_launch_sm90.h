@@ -24,17 +24,25 @@ struct BwdTileConfig;
 // on the dynamic schedule (bwd_next_tile; v41: S = 1k / 4k / 16k causal, H=64 +7% / +1% / -2%,
 // H=128 +4.5% / +0.5% / -2.6% to +4.6% over three passes, H=256 +2% each); longer ones one CTA
 // per tile.
-// JF_BWD_DYNAMIC=0 builds without the dynamic instantiation (A/B against it).
+// JF_BWD_DYNAMIC=0 builds without the dynamic instantiation (A/B against it);
+// JF_BWD_DYN_MAXS64 / JF_BWD_DYN_MAXS128 override DynamicCausalMaxS (experiments: 16k causal
+// after v43 / v44, whose per-tile timing differs from v41's).
 #ifndef JF_BWD_DYNAMIC
 #define JF_BWD_DYNAMIC 1
 #endif
-template <> struct BwdTileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PolyEvery = JF_BWD_POLY64, DynamicCausalMaxS = 4096; };
+#ifndef JF_BWD_DYN_MAXS64
+#define JF_BWD_DYN_MAXS64 4096
+#endif
+#ifndef JF_BWD_DYN_MAXS128
+#define JF_BWD_DYN_MAXS128 4096
+#endif
+template <> struct BwdTileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PolyEvery = JF_BWD_POLY64, DynamicCausalMaxS = JF_BWD_DYN_MAXS64; };
 // Three Q / dO stages at H=128, the dK / dV epilogue in the dQ staging buffer (v44: +1-2% at 1k,
 // +0-1.5% at 4k, same run); JF_BWD_STAGES128=2 restores two stages and a separate epilogue buffer.
 #ifndef JF_BWD_STAGES128
 #define JF_BWD_STAGES128 3
 #endif
-template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, Stages = JF_BWD_STAGES128, PolyEvery = JF_BWD_POLY128, DynamicCausalMaxS = 4096; };
+template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, Stages = JF_BWD_STAGES128, PolyEvery = JF_BWD_POLY128, DynamicCausalMaxS = JF_BWD_DYN_MAXS128; };
 // 64 keys per CTA: the WGs split head_dim (BwdTraits::kSplitD).
 template <> struct BwdTileConfig<256> { static constexpr int M = 64, N = 64, Stages = 2, PolyEvery = 0, DynamicCausalMaxS = 1 << 30; };
 
