@@ -91,6 +91,24 @@ def assert_vmap_matches_loop(fn, args, in_axes, n=3):
         np.testing.assert_allclose(got[j], fn(*sl), rtol=1e-5, atol=1e-6)
 
 
+def reference_on_cpu() -> bool:
+    """JF_TEST_CPU_REFS=1: GPU tests compute their float64 and naive references on the CPU
+    backend (no GPU compile or autotuning per test; an experiment for the GPU test group's
+    time, tools/test_time_probe.py). Off by default: the naive reference's rounding is then
+    the CPU backend's, which the 2x rule has not been checked against on the GPU."""
+    return os.environ.get("JF_TEST_CPU_REFS") == "1"
+
+
+def run_reference(fn, *args):
+    """fn(*args) where the references run: args moved to the CPU backend under
+    JF_TEST_CPU_REFS=1, else as they are."""
+    if not reference_on_cpu():
+        return fn(*args)
+    cpu = jax.devices("cpu")[0]
+    with jax.default_device(cpu):
+        return fn(*(None if x is None else jax.device_put(x, cpu) for x in args))
+
+
 def vjp_fn(fn, with_bias):
     """jit((q, k, v, bias, do) -> (out, lse, grads)) for fn(q, k, v, bias) -> (out, lse): grads
     are (dq, dk, dv) plus dbias if with_bias (lse gets a zero cotangent)."""

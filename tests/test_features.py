@@ -14,7 +14,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_flash
 from jax_flash import reference
-from conftest import assert_flash_rule, assert_vmap_matches_loop, max_err, random_qkv, vjp_fn
+from conftest import assert_flash_rule, assert_vmap_matches_loop, max_err, random_qkv, run_reference, vjp_fn
 
 F32 = jnp.float32
 
@@ -44,9 +44,9 @@ def check_case(B, T, S, N, K, H, dtype, ours, ref, bias_shape=None, seed=0):
     do = jax.random.normal(jax.random.key(seed + 2), q.shape, F32).astype(dtype)
     wb = bias is not None
     o, lse, g = vjp_fn(ours, wb)(q, k, v, bias, do)
-    o64, lse64, g64 = vjp_fn(lambda *a: ref(*a, compute_dtype=jnp.float64), wb)(
-        *(None if x is None else x.astype(jnp.float64) for x in (q, k, v, bias, do)))
-    on, _, gn = vjp_fn(lambda *a: ref(*a, compute_dtype=jnp.dtype(dtype)), wb)(q, k, v, bias, do)
+    o64, lse64, g64 = run_reference(vjp_fn(lambda *a: ref(*a, compute_dtype=jnp.float64), wb),
+                                    *(None if x is None else x.astype(jnp.float64) for x in (q, k, v, bias, do)))
+    on, _, gn = run_reference(vjp_fn(lambda *a: ref(*a, compute_dtype=jnp.dtype(dtype)), wb), q, k, v, bias, do)
     assert o.dtype == q.dtype and lse.dtype == F32
     assert not jnp.isnan(o).any() and not jnp.isnan(lse).any()
     assert_flash_rule("out", o, on, o64, dtype)

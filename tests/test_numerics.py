@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 import jax_flash
 from jax_flash import reference
-from conftest import assert_flash_rule, max_err, random_qkv
+from conftest import assert_flash_rule, max_err, random_qkv, run_reference
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 
@@ -97,9 +97,9 @@ def _value_and_grads(fn):
 def check_all(q, k, v, ours_fn, ref_fn_of_dtype, dtype, seed=0):
     do = jax.random.normal(jax.random.key(seed + 7), q.shape, jnp.float32).astype(dtype)
     o, lse, g = _value_and_grads(ours_fn)(q, k, v, do)
-    o64, lse64, g64 = _value_and_grads(ref_fn_of_dtype(jnp.float64))(
-        *(x.astype(jnp.float64) for x in (q, k, v, do)))
-    on, _, gn = _value_and_grads(ref_fn_of_dtype(jnp.dtype(dtype)))(q, k, v, do)
+    o64, lse64, g64 = run_reference(_value_and_grads(ref_fn_of_dtype(jnp.float64)),
+                                    *(x.astype(jnp.float64) for x in (q, k, v, do)))
+    on, _, gn = run_reference(_value_and_grads(ref_fn_of_dtype(jnp.dtype(dtype))), q, k, v, do)
     assert o.dtype == q.dtype and lse.dtype == jnp.float32
     assert not jnp.isnan(o).any() and not jnp.isnan(lse).any()
     assert_flash_rule("out", o, on, o64, dtype)
