@@ -4,6 +4,7 @@
 # interleaved, so clock drift hits all alike. Logs under $OUT; the table lines last.
 #   tools/harness_ab.sh PASSES "ARGS" BIN...     e.g. tools/harness_ab.sh 2 "--no-test --h=64" a b
 # Each run is cut off after $AB_TIMEOUT seconds (default 120): a hung kernel costs one run.
+# AB_GREP: the table lines to show (default: the sm90 harnesses' rows; '^bench' for test_sm80).
 set -uo pipefail
 passes=$1 args=$2; shift 2
 OUT=${OUT:-/tmp/jf_out}
@@ -17,6 +18,6 @@ done
 for bin in "$@"; do
   for pass in $(seq 1 "$passes"); do
     echo "== $(basename "$bin") pass $pass ($args)"
-    grep -E '^ *(H=)?[0-9]+ |causal' "$OUT/ab_$(basename "$bin")_$pass.log" | grep -v '^ *H causal'
+    grep -E "${AB_GREP:-^ *(H=)?[0-9]+ |causal}" "$OUT/ab_$(basename "$bin")_$pass.log" | grep -v '^ *H causal'
   done
 done

@@ -106,7 +106,20 @@ template <typename T, int kHeadDim> struct FwdConfig;
 template <typename T> struct FwdConfig<T, 32> { using type = FwdTraits<T, 32, 128, 64, 4>; };
 template <typename T> struct FwdConfig<T, 64> { using type = FwdTraits<T, 64, 128, 64, 4>; };
 template <typename T> struct FwdConfig<T, 96> { using type = FwdTraits<T, 96, 128, 64, 4>; };
-template <typename T> struct FwdConfig<T, 128> { using type = FwdTraits<T, 128, 128, 64, 4>; };
+// JF_SM80_FWD128_M / _N / _WARPS override the hd128 tile (experiments: the 128 x 64 tile with 4
+// warps keeps 32 rows of O per warp, 128 + 64 accumulator registers per thread, and spills).
+#ifndef JF_SM80_FWD128_M
+#define JF_SM80_FWD128_M 128
+#endif
+#ifndef JF_SM80_FWD128_N
+#define JF_SM80_FWD128_N 64
+#endif
+#ifndef JF_SM80_FWD128_WARPS
+#define JF_SM80_FWD128_WARPS 4
+#endif
+template <typename T> struct FwdConfig<T, 128> {
+  using type = FwdTraits<T, 128, JF_SM80_FWD128_M, JF_SM80_FWD128_N, JF_SM80_FWD128_WARPS>;
+};
 template <typename T> struct FwdConfig<T, 256> { using type = FwdTraits<T, 256, 64, 64, 4, /*kLean=*/true>; };
 
 // Backward: 8 warps; (kBlockM, kBlockN) and the warp layouts of the S/dP, dK/dV and dQ GEMMs.
