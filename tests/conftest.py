@@ -30,13 +30,35 @@ def has_gpu() -> bool:
         return False
 
 
+def _listed(path):
+    with open(path) as f:
+        return {line.strip() for line in f if line.strip()}
+
+
 def pytest_collection_modifyitems(config, items):
+    # A GPU test group longer than one device call resumes: JF_TEST_DONE names a file of test
+    # ids already passed (JF_TEST_PASSED_LOG of earlier runs), which are deselected.
+    done_file = os.environ.get("JF_TEST_DONE")
+    if done_file:
+        done = _listed(done_file)
+        kept = [item for item in items if item.nodeid not in done]
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid in done])
+        items[:] = kept
     if has_gpu():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none found)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report):
+    """JF_TEST_PASSED_LOG: append the id of every test that passed (or skipped) to that file,
+    as it finishes, so a run cut by a time limit still says what it covered."""
+    log = os.environ.get("JF_TEST_PASSED_LOG")
+    if log and ((report.when == "call" and report.passed) or report.skipped):
+        with open(log, "a") as f:
+            f.write(report.nodeid + "\n")
 
 
 @pytest.fixture(autouse=True)

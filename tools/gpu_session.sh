@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (the device tool): install jax_flash linking kernel archives
 # prebuilt by tools/build_kernels.sh, then run a step. Logs go under $OUT.
-#   tools/gpu_session.sh test [1|2]      # GPU test group, or one half of it (each half fits
-#                                        # one 600 s device call: ~430 s and ~250 s at -n 12-16)
+#   tools/gpu_session.sh test [1|2]      # GPU test group, or one half of it; cut after
+#                                        # $TEST_TIMEOUT s (default 500); $OUT/passed.txt lists the
+#                                        # tests passed so far: bring it back and set
+#                                        # JF_TEST_DONE=<that file> to run only the rest next call
 #   tools/gpu_session.sh bench [args]    # jax-flash-bench with args
 #   tools/gpu_session.sh run "CMD"       # any command after the install (cwd /tmp, $repo set)
 # Carry: .whl (flash-attn3-jax wheel, optional) and build/prebuilt (libjf_sm80.a, libjf_sm90.a).
@@ -35,8 +37,15 @@ case "$step" in
       2) sel=(-k "not test_gpu_shapes and not test_gpu_features") ;;
       *) sel=() ;;
     esac
-    pytest -q -ra -n 14 -p no:cacheprovider "$repo/tests/test_gpu.py" ${sel[@]+"${sel[@]}"} --durations=10 2>&1 \
-      | tee "$OUT/test_gpu.log" | tail -40
+    export JF_TEST_PASSED_LOG="$OUT/passed.txt"
+    if [ -n "${JF_TEST_DONE:-}" ]; then sort -u "$JF_TEST_DONE" > "$OUT/passed.txt"; else : > "$OUT/passed.txt"; fi
+    timeout "${TEST_TIMEOUT:-500}" pytest -q -ra -n 14 -p no:cacheprovider "$repo/tests/test_gpu.py" \
+      ${sel[@]+"${sel[@]}"} --durations=10 > "$OUT/test_gpu.log" 2>&1
+    rc=$?
+    sort -u -o "$OUT/passed.txt" "$OUT/passed.txt"
+    echo "pytest rc $rc ($([ $rc = 124 ] && echo 'cut by TEST_TIMEOUT' || echo finished)); passed or skipped so far: $(wc -l < "$OUT/passed.txt")"
+    grep -E '^(FAILED|ERROR)' "$OUT/test_gpu.log" | head -30
+    grep -vE 'Benchmark|warner\(' "$OUT/test_gpu.log" | tail -25
     ;;
   run)
     export repo
