@@ -56,6 +56,14 @@ def check_softcap(softcap):
     return float(softcap)
 
 
+def check_flag(name, value):
+    """A static on/off argument: a Python or NumPy bool, never a truthy stand-in (causal="no"
+    would otherwise mean causal) nor a traced array."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool (Python or NumPy, static), got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
 def _is_int(x):
     return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
 

@@ -73,7 +73,9 @@ def _call(q, k, v, q_lens, kv_lens, spec, extras=None):
 
 
 def _spec(*, head_dim, scale, causal, window, softcap, q_offset, deterministic, kernel, window_name,
-          dropout_rate=0.0):
+          dropout_rate=0.0, causal_name="causal"):
+    causal = V.check_flag(causal_name, causal)
+    deterministic = V.check_flag("deterministic", deterministic)
     V.check_scale(scale)
     softcap = V.check_softcap(softcap)
     left, right = V.normalize_window(window_name, window)
@@ -82,14 +84,12 @@ def _spec(*, head_dim, scale, causal, window, softcap, q_offset, deterministic, 
     offset, bottom_right = V.check_q_offset(q_offset)
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     return MaskSpec(
         scale=float(1.0 / math.sqrt(head_dim) if scale is None else scale),
         softcap=softcap,
         window_left=left,
         window_right=right,
-        causal=bool(causal),
+        causal=causal,
         q_offset=offset,
         bottom_right=bottom_right,
         deterministic=deterministic,
@@ -186,6 +186,7 @@ def flash_attention(
 
     On a GPU, segment ids, bias, mask and dropout run in the portable kernels (see above).
     """
+    return_lse = V.check_flag("return_lse", return_lse)
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim < 2:
@@ -312,9 +313,10 @@ def dot_product_attention(
     (segment ids are turned into a mask for them; they have no dropout).
     """
     seg_names = ("query_segment_ids", "key_value_segment_ids")
+    is_causal = V.check_flag("is_causal", is_causal)
+    return_residual = V.check_flag("return_residual", return_residual)
+    broadcast_dropout = V.check_flag("broadcast_dropout", broadcast_dropout)
     dropout_rate, dropout_rng = V.check_dropout(dropout_rate, dropout_rng)
-    if not isinstance(broadcast_dropout, bool):
-        raise TypeError(f"broadcast_dropout must be a bool, got {type(broadcast_dropout).__name__}")
     if implementation in ("xla", "cudnn"):
         if dropout_rate:
             raise ValueError(f"dropout_rate > 0 is not supported by implementation={implementation!r} "
@@ -371,7 +373,7 @@ def dot_product_attention(
     spec = _spec(
         head_dim=H, scale=scale, causal=is_causal, window=local_window_size, softcap=softcap,
         q_offset=0, deterministic=False, kernel=kernels[implementation],
-        window_name="local_window_size", dropout_rate=dropout_rate,
+        window_name="local_window_size", dropout_rate=dropout_rate, causal_name="is_causal",
     )
     full = (B, N, T, S)
     extras = {

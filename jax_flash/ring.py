@@ -330,13 +330,14 @@ _ring.defvjp(_ring_vjp_fwd, _ring_vjp_bwd)
 
 
 def _make_spec(H, scale, causal, window, softcap):
+    causal = V.check_flag("causal", causal)
     V.check_scale(scale)
     softcap = V.check_softcap(softcap)
     left, right = V.normalize_window("window", window)
     if causal:
         right = 0 if right < 0 else min(right, 0)
     return MaskSpec(scale=float(1.0 / math.sqrt(H) if scale is None else scale), softcap=softcap,
-                    window_left=left, window_right=right, causal=bool(causal))
+                    window_left=left, window_right=right, causal=causal)
 
 
 def _check_qkv(q, k, v):

@@ -113,6 +113,9 @@ def test_shape_and_dtype_errors(make, exc, match):
         (dict(softcap=-1.0), ValueError, "softcap must be positive"),
         (dict(implementation="magic"), ValueError, "implementation must be"),
         (dict(bias=jnp.zeros((2, 3, 8, 8))), ValueError, r"bias of shape \(2, 3, 8, 8\) is not broadcastable"),
+        # Flags are static bools: a truthy string must not quietly mean True.
+        (dict(is_causal="no"), TypeError, "is_causal must be a bool"),
+        (dict(return_residual=1), TypeError, "return_residual must be a bool"),
     ],
 )
 def test_argument_errors(kw, exc, match):
@@ -158,6 +161,9 @@ def test_errors_raise_at_trace_time():
         (dict(kernel="fast"), ValueError, "kernel must be one of"),
         (dict(q_lengths=jnp.array([3], jnp.int32)), ValueError, r"q_lengths must have shape \(2,\)"),
         (dict(deterministic=1), TypeError, "deterministic must be a bool"),
+        (dict(causal="no"), TypeError, "causal must be a bool"),
+        (dict(causal=jnp.bool_(True)), TypeError, "causal must be a bool"),
+        (dict(return_lse="yes"), TypeError, "return_lse must be a bool"),
     ],
 )
 def test_core_argument_errors(kw, exc, match):
