@@ -118,6 +118,13 @@ def test_gpu_empty_batch(kernel):
     check_empty_batch(jnp.bfloat16, kernel)
 
 
+@pytest.mark.parametrize("kernel", [None, "portable"])
+def test_gpu_nan_inputs_propagate(kernel):
+    from test_numerics import check_nan_propagation
+
+    check_nan_propagation(jnp.bfloat16, kernel)
+
+
 def test_gpu_float32_is_a_clear_error():
     q, k, v = random_qkv(0, 1, 8, 8, 1, 1, 64, jnp.float32)
     with pytest.raises(TypeError, match="bfloat16 or float16"):

@@ -59,7 +59,10 @@ void flash_fwd(const FlashFwdParams& p) {
           float* si = s.data() + i * kBlockK;
           logits.row(si, r0 + i, k0, nk, kind, nullptr, bias_buf.data());
           const float mx = row_max(si, nk, m[i]);
-          if (mx == kNegInf) continue;  // nothing visible in this row yet
+          if (mx == kNegInf) {  // nothing visible in this row yet, or only NaN logits
+            if (any_nan(si, nk)) l[i] = std::numeric_limits<float>::quiet_NaN();  // sticks: out NaN
+            continue;
+          }
           const float alpha = std::exp(m[i] - mx);  // exp(-inf) = 0 on the first visible block
           l[i] = l[i] * alpha + exp_shifted_sum(si, nk, mx);
           m[i] = mx;
@@ -76,7 +79,8 @@ void flash_fwd(const FlashFwdParams& p) {
 
       for (int i = 0; i < nr; ++i) {
         float* ai = acc.data() + i * H;
-        if (l[i] > 0.f) {
+        // l is 0 only for a row with no visible key; NaN (a NaN input) falls through to NaN.
+        if (l[i] != 0.f) {
           const float inv = (dropout ? p.dropout_scale : 1.f) / l[i];
           for (int d = 0; d < H; ++d) ai[d] *= inv;
           lse[r0 + i] = m[i] + std::log(l[i]);

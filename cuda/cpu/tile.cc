@@ -134,10 +134,11 @@ bool blocked(int m, int n, int& mb, int& nb) {
   return mb > 0 && nb > 0 && have_avx2_fma();
 }
 
-// exp(v), 0 below -87 (and for -inf); branch-free, so the loops calling it vectorise (tile.cc is
-// built with -fno-trapping-math for that).
+// exp(v), 0 below -87 (and for -inf), NaN for NaN (a NaN logit must reach the output, as in
+// jax.nn); branch-free, so the loops calling it vectorise (tile.cc is built with
+// -fno-trapping-math for that).
 inline float exp_or_zero(float v) {
-  bool const zero = !(v >= -87.f);
+  bool const zero = !(v >= -87.f);  // NaN too, so the polynomial below runs on finite numbers
   float const c = zero ? -87.f : (v > 88.f ? 88.f : v);
   float const n2 = (c * 1.44269504088896341f + 12582912.f) - 12582912.f;  // round(c / ln 2)
   float const r = (c - n2 * 0.693359375f) + n2 * 2.12194440e-4f;          // c - n2 ln 2, in two parts
@@ -151,7 +152,8 @@ inline float exp_or_zero(float v) {
   int const bits = (int(n2) + 127) << 23;  // 2^n2, n2 in [-126, 127]
   float scale;
   __builtin_memcpy(&scale, &bits, sizeof scale);
-  return zero ? 0.f : q * scale;
+  float const e = zero ? 0.f : q * scale;
+  return v == v ? e : v;
 }
 }  // namespace
 
@@ -183,6 +185,12 @@ void widen_fp16(const uint16_t* s, int n, float* d) {
 
 // Eight independent running maxima, so the loop vectorises (max is exact: any order gives the
 // same result); std::max(m, x) keeps m when x is NaN, as maxps(x, m) does.
+bool any_nan(const float* x, int n) {
+  for (int j = 0; j < n; ++j)
+    if (x[j] != x[j]) return true;
+  return false;
+}
+
 JF_CPU_MULTIVERSION float row_max(const float* __restrict__ x, int n, float init) {
   constexpr int kLanes = 8;
   float part[kLanes];

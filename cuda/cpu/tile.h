@@ -22,6 +22,8 @@ void gemm_tn_acc(int m, int n, int k, float alpha, const float* p, int ldp, cons
 float exp_shifted_sum(float* x, int n, float shift);
 // max(init, x[0], ..., x[n - 1]) as std::max folds it (a NaN element is passed over).
 float row_max(const float* x, int n, float init);
+// Whether x[0..n) holds a NaN (row_max passes NaNs over: a row of NaN logits has max -inf).
+bool any_nan(const float* x, int n);
 
 // Loads rows [r0, r0 + n) of one head into dst[n][ld] (float).
 inline void load_tile(const void* base, DType dtype, int64_t head_offset, int64_t row_stride,

@@ -103,7 +103,8 @@ struct OnlineSoftmax {
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
       const float sum = quad_sum(row_sum[mi]);
-      const bool empty = !(sum > 0.f);  // no visible key (or NaN input): out = 0, lse = -inf
+      // No visible key: out = 0, lse = -inf. A NaN input makes sum NaN, which propagates.
+      const bool empty = sum == 0.f;
       const float inv = empty ? 0.f : o_scale / sum;
       lse_out[mi] = empty ? -INFINITY : row_max[mi] * scale_nat + logf(sum);
       CUTE_UNROLL

@@ -158,7 +158,7 @@ struct OnlineSoftmax {
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float sum = quad_sum(row_sum[r]);
-      bool empty = !(sum > 0.f);
+      bool empty = sum == 0.f;  // no visible key; a NaN input makes sum NaN, which propagates
       inv[r] = empty ? 0.f : 1.f / sum;
       lse[r] = empty ? -INFINITY : (row_max[r] * scale_log2 + __log2f(sum)) * 0.69314718055994530942f;
     }
