@@ -411,6 +411,7 @@ def ring_attention(q, k, v, *, axis_name, mesh=None, causal=False, window=None, 
     Communication: only collective-permutes of kv blocks around the ring (no all-gather);
     blocks a window cannot see are never sent.
     """
+    return_lse = V.check_flag("return_lse", return_lse)
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     _check_qkv(q, k, v)
     if mesh is None:
