@@ -4,7 +4,8 @@
 #   tools/gpu_session.sh test [1|2]      # GPU test group, or one half of it; cut after
 #                                        # $TEST_TIMEOUT s (default 500); $OUT/passed.txt lists the
 #                                        # tests passed so far: bring it back and set
-#                                        # JF_TEST_DONE=<that file> to run only the rest next call
+#                                        # JF_TEST_DONE=<that file> (absolute or repo-relative)
+#                                        # to run only the rest next call
 #   tools/gpu_session.sh bench [args]    # jax-flash-bench with args
 #   tools/gpu_session.sh run "CMD"       # any command after the install (cwd /tmp, $repo set)
 # Carry: .whl (flash-attn3-jax wheel, optional) and build/prebuilt (libjf_sm80.a, libjf_sm90.a).
@@ -38,7 +39,12 @@ case "$step" in
       *) sel=() ;;
     esac
     export JF_TEST_PASSED_LOG="$OUT/passed.txt"
-    if [ -n "${JF_TEST_DONE:-}" ]; then sort -u "$JF_TEST_DONE" > "$OUT/passed.txt"; else : > "$OUT/passed.txt"; fi
+    if [ -n "${JF_TEST_DONE:-}" ]; then
+      case "$JF_TEST_DONE" in /*) ;; *) export JF_TEST_DONE="$repo/$JF_TEST_DONE" ;; esac  # pytest runs in /tmp
+      sort -u "$JF_TEST_DONE" > "$OUT/passed.txt"
+    else
+      : > "$OUT/passed.txt"
+    fi
     timeout "${TEST_TIMEOUT:-500}" pytest -q -ra -n 14 -p no:cacheprovider "$repo/tests/test_gpu.py" \
       ${sel[@]+"${sel[@]}"} --durations=10 > "$OUT/test_gpu.log" 2>&1
     rc=$?
