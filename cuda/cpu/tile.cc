@@ -183,14 +183,14 @@ void widen_fp16(const uint16_t* s, int n, float* d) {
   for (; i < n; ++i) d[i] = fp16_to_float(s[i]);
 }
 
-// Eight independent running maxima, so the loop vectorises (max is exact: any order gives the
-// same result); std::max(m, x) keeps m when x is NaN, as maxps(x, m) does.
 bool any_nan(const float* x, int n) {
   for (int j = 0; j < n; ++j)
     if (x[j] != x[j]) return true;
   return false;
 }
 
+// Eight independent running maxima, so the loop vectorises (max is exact: any order gives the
+// same result); std::max(m, x) keeps m when x is NaN, as maxps(x, m) does.
 JF_CPU_MULTIVERSION float row_max(const float* __restrict__ x, int n, float init) {
   constexpr int kLanes = 8;
   float part[kLanes];
