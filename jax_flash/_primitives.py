@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
-from jax.interpreters import batching, mlir
+from jax.interpreters import ad, batching, mlir
 
 from . import _ffi
 
@@ -505,3 +505,19 @@ def _bwd_batch(args, dims, *, spec):
 
 batching.primitive_batchers[flash_fwd_p] = _fwd_batch
 batching.primitive_batchers[flash_bwd_p] = _bwd_batch
+
+
+# First-order derivatives come from attention.py's custom_vjp; differentiating again (grad of
+# grad, hessian) reaches the primitives themselves, which have no derivative: say so, rather
+# than JAX's "Differentiation rule for 'jax_flash_fwd' not implemented".
+def _no_derivative(name):
+    def rule(primals, tangents, **params):
+        raise NotImplementedError(
+            f"jax_flash ({name}): only first-order reverse-mode derivatives are supported "
+            "(grad, vjp, jacrev, value_and_grad, under jit / vmap / checkpoint); grad of grad, "
+            "hessian and forward-mode (jvp, jacfwd) are not")
+    return rule
+
+
+for _p in (flash_fwd_p, flash_bwd_p):
+    ad.primitive_jvps[_p] = _no_derivative(_p.name)

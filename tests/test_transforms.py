@@ -119,6 +119,14 @@ def test_vmap_over_an_empty_axis():
         assert dq.shape == (0, 1, 8, 2, 16) and db.shape == (0, 1, 2, 8, 8)
 
 
+def test_second_order_is_a_clear_error():
+    """grad of grad (hessian) is not supported: a NotImplementedError that says what is."""
+    q, k, v = random_qkv(5, 1, 6, 6, 2, 2, 8, jnp.float32)
+    f = lambda q: jax_flash.dot_product_attention(q, k, v, is_causal=True).sum()
+    with pytest.raises(NotImplementedError, match="only first-order reverse-mode"):
+        jax.grad(lambda q: jax.grad(f)(q).sum())(q)
+
+
 def test_jacrev_matches_reference():
     q, k, v = rand((1, 5, 1, 4), 0, jnp.float64), rand((1, 6, 1, 4), 1, jnp.float64), rand((1, 6, 1, 4), 2, jnp.float64)
     q32, k32, v32 = (x.astype(F32) for x in (q, k, v))
