@@ -192,6 +192,12 @@ def _masked_attention(query, key, value, mask, flax_attention, extras, dtype, is
     """A mask: the kernels with key lengths (and extras: bias, dropout) when the mask is a key
     prefix (decided on the device), flax_attention(q, k, v) otherwise."""
     _check_shapes(query, key, value)
+    if key.shape[-2] != query.shape[-2]:  # both branches are traced; Flax's needs equal heads
+        raise ValueError(
+            f"jax_flash.flax.dot_product_attention: a mask with fewer key/value heads ({key.shape[-2]}) "
+            f"than query heads ({query.shape[-2]}) is not supported (Flax's attention, the fallback for "
+            "masks that are not a key prefix, needs equal heads); use jax_flash.dot_product_attention, "
+            "which takes masks with GQA")
     batch, (q_len, heads), kv_len = query.shape[:-3], query.shape[-3:-1], key.shape[-3]
     kernel_dtype = jnp.asarray(query, dtype).dtype
 

@@ -295,6 +295,16 @@ def test_asking_for_attention_weights_is_an_error():
         ours.apply(params, x, sow_weights=True)
 
 
+def test_mask_with_fewer_kv_heads_is_a_clear_error():
+    """Called directly with GQA operands and a mask: a ValueError pointing to
+    jax_flash.dot_product_attention (Flax's attention, the mask fallback, needs equal heads)."""
+    q = jnp.ones((2, 5, 4, 8), jnp.float32)
+    k = jnp.ones((2, 7, 2, 8), jnp.float32)
+    mask = jnp.ones((2, 1, 5, 7), bool)
+    with pytest.raises(ValueError, match="fewer key/value heads"):
+        jf.dot_product_attention(q, k, k, mask=mask)
+
+
 def test_dtype_argument_casts_like_flax():
     x = _x(16)
     ref, ours = _linen_pair(dtype=jnp.bfloat16)
