@@ -92,20 +92,28 @@ def run_case(impl, B, S, N, H, causal, dtype, rounds, calls, measure_memory):
     return res
 
 
+def _positive(text):
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return n
+
+
 def main(argv=None):
     on_gpu = _has_gpu()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256] if on_gpu else [64])
-    p.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384] if on_gpu else [4096])
+    p.add_argument("--head-dims", type=_positive, nargs="+", default=[64, 128, 256] if on_gpu else [64])
+    p.add_argument("--seqlens", type=_positive, nargs="+", default=[1024, 4096, 16384] if on_gpu else [4096])
     p.add_argument("--causal", choices=["no", "yes", "both"], default="both" if on_gpu else "no")
-    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"] if on_gpu else ["float32"])
-    p.add_argument("--tokens", type=int, default=16384, help="B*S (GPU grid)")
-    p.add_argument("--model-dim", type=int, default=2048, help="N*H (GPU grid)")
-    p.add_argument("--batch", type=int, default=None, help="fixed B (default tokens // S)")
-    p.add_argument("--heads", type=int, default=None, help="fixed N (default model_dim // H)")
+    p.add_argument("--dtypes", nargs="+", choices=["bfloat16", "float16", "float32"],
+                   default=["bfloat16", "float16"] if on_gpu else ["float32"])
+    p.add_argument("--tokens", type=_positive, default=16384, help="B*S (GPU grid)")
+    p.add_argument("--model-dim", type=_positive, default=2048, help="N*H (GPU grid)")
+    p.add_argument("--batch", type=_positive, default=None, help="fixed B (default tokens // S)")
+    p.add_argument("--heads", type=_positive, default=None, help="fixed N (default model_dim // H)")
     p.add_argument("--impls", nargs="+", default=None, help="subset of implementations to run")
-    p.add_argument("--rounds", type=int, default=7 if on_gpu else 3)
-    p.add_argument("--calls", type=int, default=10 if on_gpu else 1)
+    p.add_argument("--rounds", type=_positive, default=7 if on_gpu else 3)
+    p.add_argument("--calls", type=_positive, default=10 if on_gpu else 1)
     p.add_argument("--xla-max-gb", type=float, default=8.0, help="skip XLA when its logits exceed this")
     p.add_argument("--json", help="write the results as JSON here")
     p.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
@@ -115,6 +123,9 @@ def main(argv=None):
 
     impls = _implementations(on_gpu)
     if a.impls:
+        unknown = sorted(set(a.impls) - set(impls))
+        if unknown:
+            p.error(f"--impls: {', '.join(unknown)} not available here (available: {', '.join(impls)})")
         impls = {n: f for n, f in impls.items() if n in a.impls}
     causals = {"no": [False], "yes": [True], "both": [False, True]}[a.causal]
     print(f"# jax_flash benchmark on {jax.devices()[0].device_kind} ({jax.default_backend()}), "
