@@ -45,6 +45,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import _validate as V
 from ._primitives import MaskSpec, flash_bwd, flash_fwd
+from .attention import _spec
 
 try:
     _shard_map = jax.shard_map
@@ -330,14 +331,9 @@ _ring.defvjp(_ring_vjp_fwd, _ring_vjp_bwd)
 
 
 def _make_spec(H, scale, causal, window, softcap):
-    causal = V.check_flag("causal", causal)
-    V.check_scale(scale)
-    softcap = V.check_softcap(softcap)
-    left, right = V.normalize_window("window", window)
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    return MaskSpec(scale=float(1.0 / math.sqrt(H) if scale is None else scale), softcap=softcap,
-                    window_left=left, window_right=right, causal=causal)
+    """The MaskSpec of dot_product_attention's rules (no offset: global positions are top-left)."""
+    return _spec(head_dim=H, scale=scale, causal=causal, window=window, softcap=softcap, q_offset=0,
+                 deterministic=False, kernel="auto", window_name="window")
 
 
 def _check_qkv(q, k, v):
