@@ -23,7 +23,8 @@ struct BwdTileConfig;
 // DynamicCausalMaxS: causal / right-bounded problems with at most this many keys run persistent
 // on the dynamic schedule (bwd_next_tile; v41: S = 1k / 4k / 16k causal, H=64 +7% / +1% / -2%,
 // H=128 +4.5% / +0.5% / -2.6% to +4.6% over three passes, H=256 +2% each); longer ones one CTA
-// per tile.
+// per tile. H=128 takes every length since session 15 (after v43 / v44, 16k causal, three
+// same-run passes: 585 / 584 / 612 -> 653 / 592 / 640 TFLOP/s, +5.5% on the mean).
 // JF_BWD_DYNAMIC=0 builds without the dynamic instantiation (A/B against it);
 // JF_BWD_DYN_MAXS64 / JF_BWD_DYN_MAXS128 override DynamicCausalMaxS (experiments: 16k causal
 // after v43 / v44, whose per-tile timing differs from v41's).
@@ -34,7 +35,7 @@ struct BwdTileConfig;
 #define JF_BWD_DYN_MAXS64 4096
 #endif
 #ifndef JF_BWD_DYN_MAXS128
-#define JF_BWD_DYN_MAXS128 4096
+#define JF_BWD_DYN_MAXS128 (1 << 30)
 #endif
 template <> struct BwdTileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PolyEvery = JF_BWD_POLY64, DynamicCausalMaxS = JF_BWD_DYN_MAXS64; };
 // Three Q / dO stages at H=128, the dK / dV epilogue in the dQ staging buffer (v44: +1-2% at 1k,
