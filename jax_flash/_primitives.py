@@ -17,8 +17,9 @@ Operand layouts (what the kernels read):
                  folded example keeps its own key and coordinates.
   The backward returns a fourth output, dbias float32 with the bias's shape, iff bias is given.
   The CPU kernels and the portable (sm80) GPU kernels take the optional operands, dropout
-  included; on the GPU a call with any of them runs the portable kernels also on Hopper
-  (kernel="hopper" is an error).
+  included; on Hopper, kernel="auto" runs the Hopper forward for segment ids alone and the
+  portable kernels for every other call with optional operands, and for their backward
+  (kernel="hopper" with any of them is an error).
 """
 
 from __future__ import annotations
@@ -162,15 +163,24 @@ def _with_all_extras(ctx, n_fixed, args, spec):
     return ctx.replace(avals_in=avals), fixed
 
 
+def _fwd_workspace_ints(batch: int, seqlen_q: int, segment_ids: bool) -> int:
+    """Mirrors fwd_workspace_ints (cuda/common/flash_params.h): the tile counter padded to 16
+    bytes, then four ints per (batch, 64-row chunk) of queries when segment ids are given."""
+    return 4 + 4 * batch * -(-seqlen_q // 64) if segment_ids else 1
+
+
 def _fwd_local_lowering(ctx, *args, spec, platform):
     if platform == "cuda":
         _check_gpu_operands(ctx.avals_in[0])
         _check_gpu_extras(spec, ctx.avals_in, 5, backward=False)
     ctx, args = _with_all_extras(ctx, 5, args, spec)
     if platform == "cuda":
-        # Workspace: the Hopper forward's tile counter (dynamic schedule of causal problems);
-        # an extra output of the call so XLA owns it, dropped here.
-        ctx = ctx.replace(avals_out=[*ctx.avals_out, jax.core.ShapedArray((1,), jnp.int32)])
+        # Workspace: the Hopper forward's tile counter (dynamic schedule of causal problems) and,
+        # with segment ids, its key ranges per 64-row chunk; an extra output of the call so XLA
+        # owns it, dropped here.
+        B, T = ctx.avals_in[0].shape[:2]
+        ints = _fwd_workspace_ints(B, T, "q_segment_ids" in spec.extras)
+        ctx = ctx.replace(avals_out=[*ctx.avals_out, jax.core.ShapedArray((ints,), jnp.int32)])
         return jax.ffi.ffi_lowering(_ffi.FWD_TARGET)(ctx, *args, **spec.ffi_attrs())[:2]
     return jax.ffi.ffi_lowering(_ffi.FWD_TARGET)(ctx, *args, **spec.ffi_attrs())
 

@@ -303,8 +303,10 @@ def dot_product_attention(
     averages V; lse is float32 rather than the input dtype.
 
     Where it runs: bias, mask, segment ids and dropout run in jax_flash's kernels on both
-    platforms: the CPU kernels, and on a GPU the portable (sm80) kernels, also on Hopper (the
-    Hopper kernels do not take them: implementation="hopper" with them is an error). The bias
+    platforms: the CPU kernels, and on a GPU the portable (sm80) kernels, also on Hopper,
+    except that segment ids without bias, mask or dropout run the Hopper forward there (it
+    reads only the key blocks of each query block's segments); the backward of any of them is
+    the portable one, so implementation="hopper" with them is an error. The bias
     is read through its broadcast strides (never expanded); its gradient over broadcast axes is
     summed with float atomics on the GPU.
 

@@ -411,6 +411,25 @@ def test_core_on_gpu_lowers_to_the_kernels(feature):
         assert calls == ["jax_flash_fwd", "jax_flash_bwd"]
 
 
+@pytest.mark.parametrize("T", [16, 64, 65, 300])
+def test_gpu_forward_workspace_holds_the_segment_ranges(T):
+    """The CUDA forward's int32 workspace: the tile counter alone, or with segment ids the tile
+    counter padded to 16 bytes and one 4-int key range per (batch, 64-row chunk) of queries
+    (fwd_workspace_ints, cuda/common/flash_params.h), which the Hopper forward fills."""
+    B = 3
+    q = jnp.zeros((B, T, 16), jnp.bfloat16)
+    ids = jnp.zeros((B, T), jnp.int32)
+
+    def workspace(**kw):
+        exp = export.export(jax.jit(lambda q: jax_flash.flash_attention(q, q, q, **kw)), platforms=["cuda"],
+                            disabled_checks=jax_flash.export_disabled_checks())(q)
+        call = [ln for ln in exp.mlir_module().splitlines() if "custom_call @jax_flash_fwd" in ln][0]
+        return re.findall(r"tensor<(\d+)xi32>", call.split("->")[-1])[-1]
+
+    assert workspace() == "1"
+    assert workspace(q_segment_ids=ids, kv_segment_ids=ids) == str(4 + 4 * B * -(-T // 64))
+
+
 @pytest.mark.parametrize("feature", list(_GPU_KW))
 def test_gpu_hopper_kernel_with_extras_is_an_error(feature):
     q = jnp.zeros((2, 16, 16), jnp.bfloat16)

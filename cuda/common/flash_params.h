@@ -64,8 +64,9 @@ struct FlashFwdParams {
   bool bottom_right = false;  // add (kv_len_b - q_len_b) to q_offset per batch (KV-cache alignment)
 
   // --- optional element-wise inputs, appended last; nullptr = off. Read by the CPU backend and
-  // the sm80 kernels (their kExtras variants); the sm90 kernels do not take them (the CUDA
-  // handlers route calls that have any of them, dropout included, to sm80: has_extras). ---
+  // the sm80 kernels (their kExtras variants). Of the sm90 kernels only the forward takes one:
+  // segment ids alone (hopper_fwd_takes_extras); the CUDA handlers route every other call with
+  // any of them, dropout included, to sm80 (has_extras). ---
   // Packed sequences: key j is visible to query i only if their segment ids are equal.
   const int32_t* q_segment_ids = nullptr;   // [batch, seqlen_q]
   const int32_t* kv_segment_ids = nullptr;  // [batch, seqlen_k]; set iff q_segment_ids is
@@ -97,6 +98,8 @@ struct FlashFwdParams {
   // tile counter (dynamic persistent schedule; zeroed by the launch on the stream). nullptr =
   // static schedule only. The sm90 backward's dynamic schedule uses it when given, else its
   // first dQ turn counter (the FFI passes none to the backward). ---
+  // With segment ids it must hold fwd_workspace_ints(batch, seqlen_q, true) ints: the sm90
+  // forward keeps its per-64-row-chunk key ranges after the counter (sm90/segments.h).
   int32_t* tile_counter = nullptr;
 
   int64_t group() const { return heads_q / heads_kv; }
@@ -133,6 +136,21 @@ struct FlashBwdParams : FlashFwdParams {
 // calls on the sm80 kernels' kExtras variants (the sm90 kernels take none of them).
 JF_HOST_DEVICE bool has_extras(const FlashFwdParams& p) {
   return p.q_segment_ids != nullptr || p.bias != nullptr || p.mask != nullptr || p.dropout_keys != nullptr;
+}
+
+// The sm90 forward can run segment ids when they come alone (no bias, mask or dropout), given
+// the workspace for their key ranges (tile_counter, sized by fwd_workspace_ints).
+JF_HOST_DEVICE bool hopper_fwd_takes_extras(const FlashFwdParams& p) {
+  return p.bias == nullptr && p.mask == nullptr && p.dropout_keys == nullptr &&
+         (p.q_segment_ids == nullptr || p.tile_counter != nullptr);
+}
+
+// The sm90 forward's workspace, int32: the tile counter, padded to 16 bytes, then with segment
+// ids one {visible_lo, visible_hi, full_lo, full_hi} key range per (batch, 64-row chunk).
+// Python mirrors this (jax_flash/_primitives.py: _fwd_workspace_ints).
+JF_HOST_DEVICE int64_t seg_chunks(int seqlen_q) { return (int64_t(seqlen_q) + 63) / 64; }
+inline int64_t fwd_workspace_ints(int batch, int seqlen_q, bool segment_ids) {
+  return segment_ids ? 4 + 4 * int64_t(batch) * seg_chunks(seqlen_q) : 1;
 }
 
 // Shape of the GPU dQ accumulator workspace, [batch, heads_q, rows, cols] float32.

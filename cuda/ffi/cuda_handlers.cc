@@ -56,9 +56,10 @@ ffi::Error check_kernel_built(int32_t kernel) {
   return ffi::Error::Success();
 }
 
-// The Hopper kernels do not read the optional inputs (has_extras, flash_params.h): kernel='hopper'
-// with them is an error (Python raises it first, at lowering); kernel='auto' runs the portable
-// kernels instead.
+// Of the optional inputs the Hopper kernels read only segment ids, in the forward
+// (hopper_fwd_takes_extras, flash_params.h). kernel='hopper' with any of them is an error (Python
+// raises it first, at lowering), since the backward would run the portable kernels; kernel='auto'
+// runs the Hopper forward for segment ids alone and the portable kernels for everything else.
 ffi::Error check_extras_kernel(const FlashFwdParams& p, int32_t kernel) {
   if (has_extras(p) && kernel == kHopper)
     return ffi::Error::InvalidArgument(
@@ -80,10 +81,13 @@ ffi::Error FwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.lse = static_cast<float*>(lse->untyped_data());
   if (p.batch == 0) return ffi::Error::Success();  // empty batch: nothing to write (no zero grids)
   p.tile_counter = static_cast<int32_t*>(tile_counter->untyped_data());
+  // The lowering sizes the workspace for the segment ranges when segment ids are given.
+  bool const workspace_ok = int64_t(tile_counter->element_count()) >=
+                            fwd_workspace_ints(p.batch, p.seqlen_q, p.q_segment_ids != nullptr);
   if (auto e = check_kernel_built(attrs.kernel); e.failure()) return e;
   if (auto e = check_extras_kernel(p, attrs.kernel); e.failure()) return e;
 #ifdef JAX_FLASH_WITH_SM90
-  if (want_hopper(attrs.kernel) && !has_extras(p)) {
+  if (want_hopper(attrs.kernel) && hopper_fwd_takes_extras(p) && workspace_ok) {
     cudaError_t err = flash_fwd_sm90(p, stream);
     if (err != cudaErrorNotSupported || attrs.kernel == kHopper) return to_ffi(err, "flash_fwd_sm90");
     cudaGetLastError();  // clear the not-supported status before falling back

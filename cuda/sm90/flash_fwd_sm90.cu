@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "flash_sm90.h"
+#include "segments.h"
 #include "support.h"
 #include "timeline.h"
 
@@ -20,6 +21,11 @@ cudaError_t flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   if (hd == 0) return cudaErrorNotSupported;
   // Window / length arithmetic is done in 64-bit; the softcap variant needs softcap > 0 only.
   if (!sm90::fwd_operands_ok(p) || !sm90::on_sm90()) return cudaErrorNotSupported;
+  if (!hopper_fwd_takes_extras(p)) return cudaErrorNotSupported;
+  if (p.q_segment_ids) {
+    cudaError_t err = sm90::compute_segment_ranges(p, stream);
+    if (err != cudaSuccess) return err;
+  }
   const bool bf16 = p.dtype == DType::kBFloat16;
   switch (hd) {
     case 64: return bf16 ? flash_fwd_sm90_hdim<64, DType::kBFloat16>(p, stream) : flash_fwd_sm90_hdim<64, DType::kFloat16>(p, stream);

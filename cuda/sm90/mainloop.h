@@ -2,6 +2,7 @@
 // halves of the forward mainloop.
 #pragma once
 
+#include "segments.h"
 #include "softmax.h"
 #include "traits.h"
 
@@ -92,10 +93,10 @@ __forceinline__ __device__ void consumer_wait(Pipe& pipe, State& st) {
 
 // Consumer mainloop for one tile. Leaves the unnormalised O in tOrO; returns 1/rowsum and
 // LSE per owned row.
-template <class Traits, bool Softcap, class TO, class Softmax>
+template <class Traits, bool Softcap, bool Segments, class TO, class Softmax>
 __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typename Traits::SharedStorage& ss,
                                              typename Traits::Pipeline& pipe_k, typename Traits::Pipeline& pipe_v,
-                                             typename Traits::PipelineState& rd, SeqMask const& msk, int m_block,
+                                             typename Traits::PipelineState& rd, SeqMask const& msk, int b, int m_block,
                                              int n_min, int n_max, TO& tOrO, Softmax& softmax, int tidx, int q_phase,
                                              TileTimeline& ttl) {
   using T = Traits;
@@ -123,6 +124,23 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
   // Key blocks inside [full_k0, full_k1) are visible to all of this WG's rows: no element-wise mask.
   int full_k0, full_k1;
   msk.full_keys(wg_r0, wg_r0 + 64, &full_k0, &full_k1);
+  // Packed sequences: blocks outside the keys every row of the WG sees by segment take the
+  // element test too.
+  SegRows seg;
+  if constexpr (Segments) {
+    FlashFwdParams const& p = kp.p;
+    int const chunk = wg_r0 / kSegChunkRows;
+    SegRange const r = chunk < int(seg_chunks(p.seqlen_q)) ? load_seg_range(p, b, chunk) : SegRange{0, 0, 0, 0};
+    full_k0 = max(full_k0, r.full_lo);
+    full_k1 = min(full_k1, r.full_hi);
+    seg.kv_seg = p.kv_segment_ids + b * p.kv_seg_batch_stride;
+    seg.seqlen_k = p.seqlen_k;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      int const row = min(m0 + int(get<0>(cS_rc(i, 0))), p.seqlen_q - 1);  // rows past seqlen_q are not stored
+      seg.id[i] = p.q_segment_ids[b * p.q_seg_batch_stride + row];
+    }
+  }
   constexpr int kRows = 2;
   float rescale[kRows];
 
@@ -137,6 +155,7 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
       softmax.template step<Is_first, false>(s_rc, rescale, hook);
     } else {
       mask_tile(s_rc, cS_rc, msk, m0, n0);
+      if constexpr (Segments) mask_tile_segments(s_rc, cS_rc, seg, n0);
       softmax.template step<Is_first, true>(s_rc, rescale, hook);
     }
   };
