@@ -17,9 +17,9 @@ Operand layouts (what the kernels read):
                  folded example keeps its own key and coordinates.
   The backward returns a fourth output, dbias float32 with the bias's shape, iff bias is given.
   The CPU kernels and the portable (sm80) GPU kernels take the optional operands, dropout
-  included; on Hopper, kernel="auto" runs the Hopper forward for segment ids alone and the
-  portable kernels for every other call with optional operands, and for their backward
-  (kernel="hopper" with any of them is an error).
+  included; on Hopper, kernel="auto" runs the Hopper kernels for segment ids alone (the
+  portable backward with softcap or deterministic) and the portable kernels for every other
+  call with optional operands (kernel="hopper" with any of them is an error).
 """
 
 from __future__ import annotations
@@ -169,6 +169,12 @@ def _fwd_workspace_ints(batch: int, seqlen_q: int, segment_ids: bool) -> int:
     return 4 + 4 * batch * -(-seqlen_q // 64) if segment_ids else 1
 
 
+def _bwd_workspace_ints(batch: int, seqlen_k: int, segment_ids: bool) -> int:
+    """Mirrors bwd_workspace_ints (cuda/common/flash_params.h): a tile counter padded to 16
+    bytes, then four ints per (batch, 64-key chunk) when segment ids are given."""
+    return 4 + 4 * batch * -(-seqlen_k // 64) if segment_ids else 1
+
+
 def _fwd_local_lowering(ctx, *args, spec, platform):
     if platform == "cuda":
         _check_gpu_operands(ctx.avals_in[0])
@@ -227,12 +233,18 @@ def _bwd_local_lowering(ctx, *args, spec, platform):
             jax.core.ShapedArray(acc_shape, jnp.float32),  # dQ accumulator
         ]
     outs = list(ctx.avals_out)
-    # The call's last result is dbias, zero-size without a bias (both platforms).
+    # After the workspaces comes dbias, zero-size without a bias (both platforms); on the GPU
+    # then the Hopper backward's segment-range workspace.
     ctx, args = _with_all_extras(ctx, 8, args, spec)
     dbias = outs[3:] or [jax.core.ShapedArray((0,), jnp.float32)]
-    ctx = ctx.replace(avals_out=[*outs[:3], *workspaces, *dbias])
+    tail = []
+    if platform == "cuda":
+        S = ctx.avals_in[1].shape[1]
+        tail = [jax.core.ShapedArray((_bwd_workspace_ints(B, S, "q_segment_ids" in spec.extras),), jnp.int32)]
+    ctx = ctx.replace(avals_out=[*outs[:3], *workspaces, *dbias, *tail])
     results = list(jax.ffi.ffi_lowering(_ffi.BWD_TARGET)(ctx, *args, **spec.ffi_attrs()))
-    return results[:3] + results[-1:] if len(outs) > 3 else results[:3]
+    i_dbias = 3 + len(workspaces)
+    return results[:3] + [results[i_dbias]] if len(outs) > 3 else results[:3]
 
 
 # Multi-device lowering. The public primitives lower through a custom_partitioning call

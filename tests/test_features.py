@@ -411,23 +411,30 @@ def test_core_on_gpu_lowers_to_the_kernels(feature):
         assert calls == ["jax_flash_fwd", "jax_flash_bwd"]
 
 
-@pytest.mark.parametrize("T", [16, 64, 65, 300])
-def test_gpu_forward_workspace_holds_the_segment_ranges(T):
-    """The CUDA forward's int32 workspace: the tile counter alone, or with segment ids the tile
+@pytest.mark.parametrize("T, S", [(16, 16), (64, 65), (65, 300), (300, 64)])
+def test_gpu_workspaces_hold_the_segment_ranges(T, S):
+    """The CUDA calls' int32 workspaces: the forward's tile counter alone, or with segment ids the
     counter padded to 16 bytes and one 4-int key range per (batch, 64-row chunk) of queries
-    (fwd_workspace_ints, cuda/common/flash_params.h), which the Hopper forward fills."""
+    (fwd_workspace_ints, cuda/common/flash_params.h); the backward's, one 4-int row range per
+    (batch, 64-key chunk) (bwd_workspace_ints). The Hopper kernels fill them."""
     B = 3
-    q = jnp.zeros((B, T, 16), jnp.bfloat16)
-    ids = jnp.zeros((B, T), jnp.int32)
+    q, kv = jnp.zeros((B, T, 16), jnp.bfloat16), jnp.zeros((B, S, 16), jnp.bfloat16)
+    ids_q, ids_k = jnp.zeros((B, T), jnp.int32), jnp.zeros((B, S), jnp.int32)
 
-    def workspace(**kw):
-        exp = export.export(jax.jit(lambda q: jax_flash.flash_attention(q, q, q, **kw)), platforms=["cuda"],
+    def workspaces(**kw):
+        f = lambda q: jnp.sum(jax_flash.flash_attention(q, kv, kv, **kw).astype(F32))
+        exp = export.export(jax.jit(jax.grad(f)), platforms=["cuda"],
                             disabled_checks=jax_flash.export_disabled_checks())(q)
-        call = [ln for ln in exp.mlir_module().splitlines() if "custom_call @jax_flash_fwd" in ln][0]
-        return re.findall(r"tensor<(\d+)xi32>", call.split("->")[-1])[-1]
+        last = {}
+        for ln in exp.mlir_module().splitlines():
+            for name in ("jax_flash_fwd", "jax_flash_bwd"):
+                if f"custom_call @{name}" in ln:
+                    last[name] = re.findall(r"tensor<(\d+)xi32>", ln.split("->")[-1])[-1]
+        return last["jax_flash_fwd"], last["jax_flash_bwd"]
 
-    assert workspace() == "1"
-    assert workspace(q_segment_ids=ids, kv_segment_ids=ids) == str(4 + 4 * B * -(-T // 64))
+    assert workspaces() == ("1", "1")
+    assert workspaces(q_segment_ids=ids_q, kv_segment_ids=ids_k) == (
+        str(4 + 4 * B * -(-T // 64)), str(4 + 4 * B * -(-S // 64)))
 
 
 @pytest.mark.parametrize("feature", list(_GPU_KW))

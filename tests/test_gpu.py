@@ -160,7 +160,8 @@ def test_gpu_long_context_memory():
 # ------------------------------------------------- segment ids, bias (dbias), boolean mask
 #
 # They run in the portable (sm80) kernels, also on Hopper (kernel="auto" routes them there),
-# except that segment ids alone run the Hopper forward there (then the portable backward).
+# except that segment ids alone run the Hopper kernels there (the portable backward with
+# softcap, as in seg_unsorted_window_lens_softcap, or deterministic=True).
 # Checked against the float64 reference under FlashAttention's 2x rule (out, lse, dq, dk, dv,
 # dbias; test_features.check_case) and against the CPU backend.
 
@@ -224,10 +225,10 @@ def test_gpu_extras(case, shape, dtype):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("H", [64, 128, 256])
 def test_gpu_packed_sequences(H, causal, segments, dtype):
-    """Packed sequences over 1000 tokens, few long segments or many short ones. On Hopper the
-    forward runs its own kernel here (segment ids alone): each 64-row chunk reads only the key
-    blocks of its segments, and blocks inside one segment skip the element test. The backward
-    is the portable one."""
+    """Packed sequences over 1000 tokens, few long segments or many short ones. On Hopper both
+    passes run the Hopper kernels here (segment ids alone): each 64-row chunk (forward) or
+    64-key chunk (backward) reads only the blocks of its segments, and blocks inside one segment
+    skip the element test."""
     B, T, N, K = 2, 1000, 4, 2
     ids = packed_ids(31 + segments, B, T, segments)
     check_case(B, T, T, N, K, H, dtype, dropin(is_causal=causal, query_segment_ids=ids, key_value_segment_ids=ids),

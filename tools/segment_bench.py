@@ -1,5 +1,6 @@
-"""Packed sequences on the GPU: the Hopper forward (implementation=None) against the portable
-kernels. Prints ms per forward (median of rounds) and TFLOP/s over the same-segment pairs.
+"""Packed sequences on the GPU: the Hopper kernels (implementation=None) against the portable
+ones. Prints ms per call (median of rounds) for the forward and for forward + backward, and
+TFLOP/s over the same-segment pairs (backward = 2.5x the forward's FLOPs, FlashAttention's count).
   python3 tools/segment_bench.py"""
 import jax
 import jax.numpy as jnp
@@ -7,28 +8,33 @@ import jax.numpy as jnp
 import jax_flash
 from jax_flash.bench import _time
 
+IMPLS = [None, "portable"]
 
-rows = []
+
+def case(H, N, nseg, causal, B=2, S=8192):
+    ks = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(kk, (B, S, N, H), jnp.bfloat16) for kk in ks)
+    ids = jnp.broadcast_to((jnp.arange(S) * nseg // S).astype(jnp.int32), (B, S))
+    seglen = S // nseg
+    pairs = B * N * nseg * (seglen * (seglen + 1) / 2 if causal else seglen * seglen)
+    ms = {}
+    for impl in IMPLS:
+        def fwd(q, k, v, impl=impl):
+            return jax_flash.dot_product_attention(q, k, v, is_causal=causal, query_segment_ids=ids,
+                                                   key_value_segment_ids=ids, implementation=impl)
+        loss = lambda q, k, v, f=fwd: jnp.sum(f(q, k, v).astype(jnp.float32))
+        ms[impl, "fwd"] = _time(jax.jit(fwd), (q, k, v), rounds=7, calls=10) * 1e3
+        ms[impl, "fwd+bwd"] = _time(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v), rounds=7, calls=10) * 1e3
+    return pairs, ms
+
+
+print("| H | segments | causal | pass | hopper ms | portable ms | hopper TFLOP/s | x portable |")
+print("|---|---|---|---|---|---|---|---|")
 for H, N in [(64, 32), (128, 16), (256, 8)]:
     for nseg in [1, 8, 64]:
         for causal in [False, True]:
-            B, S = 2, 8192
-            ks = jax.random.split(jax.random.key(0), 3)
-            q, k, v = (jax.random.normal(kk, (B, S, N, H), jnp.bfloat16) for kk in ks)
-            ids = jnp.broadcast_to((jnp.arange(S) * nseg // S).astype(jnp.int32), (B, S))
-            seglen = S // nseg
-            pairs = B * N * nseg * (seglen * (seglen + 1) / 2 if causal else seglen * seglen)
-            res = {}
-            for impl in [None, "portable"]:
-                def fwd(q, k, v, impl=impl):
-                    return jax_flash.dot_product_attention(q, k, v, is_causal=causal, query_segment_ids=ids,
-                                                           key_value_segment_ids=ids, implementation=impl)
-                f = jax.jit(fwd)
-                res[impl] = _time(f, (q, k, v), rounds=7, calls=10) * 1e3
-            tf = lambda ms: 4 * pairs * H / ms / 1e9
-            rows.append((H, nseg, causal, res[None], res["portable"], tf(res[None]), tf(res["portable"])))
-            print(rows[-1], flush=True)
-print("| H | segments | causal | hopper fwd ms | portable fwd ms | hopper TFLOP/s | portable TFLOP/s | ratio |")
-print("|---|---|---|---|---|---|---|---|")
-for H, ns, c, a, b, ta, tb in rows:
-    print(f"| {H} | {ns} | {'yes' if c else 'no'} | {a:.3f} | {b:.3f} | {ta:.0f} | {tb:.0f} | {b / a:.2f} |")
+            pairs, ms = case(H, N, nseg, causal)
+            for what, mult in [("fwd", 4), ("fwd+bwd", 14)]:
+                a, b = ms[None, what], ms["portable", what]
+                print(f"| {H} | {nseg} | {'yes' if causal else 'no'} | {what} | {a:.3f} | {b:.3f} | "
+                      f"{mult * pairs * H / a / 1e9:.0f} | {b / a:.2f} |", flush=True)

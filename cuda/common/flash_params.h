@@ -64,9 +64,9 @@ struct FlashFwdParams {
   bool bottom_right = false;  // add (kv_len_b - q_len_b) to q_offset per batch (KV-cache alignment)
 
   // --- optional element-wise inputs, appended last; nullptr = off. Read by the CPU backend and
-  // the sm80 kernels (their kExtras variants). Of the sm90 kernels only the forward takes one:
-  // segment ids alone (hopper_fwd_takes_extras); the CUDA handlers route every other call with
-  // any of them, dropout included, to sm80 (has_extras). ---
+  // the sm80 kernels (their kExtras variants). The sm90 kernels take one: segment ids alone
+  // (hopper_fwd_takes_extras, hopper_bwd_takes_extras); the CUDA handlers route every other call
+  // with any of them, dropout included, to sm80 (has_extras). ---
   // Packed sequences: key j is visible to query i only if their segment ids are equal.
   const int32_t* q_segment_ids = nullptr;   // [batch, seqlen_q]
   const int32_t* kv_segment_ids = nullptr;  // [batch, seqlen_k]; set iff q_segment_ids is
@@ -97,7 +97,8 @@ struct FlashFwdParams {
   // --- workspace, appended last: one int32 of device memory the sm90 forward may use as its
   // tile counter (dynamic persistent schedule; zeroed by the launch on the stream). nullptr =
   // static schedule only. The sm90 backward's dynamic schedule uses it when given, else its
-  // first dQ turn counter (the FFI passes none to the backward). ---
+  // first dQ turn counter (the FFI passes one to the backward only with segment ids, in the
+  // workspace of their ranges, bwd_workspace_ints). ---
   // With segment ids it must hold fwd_workspace_ints(batch, seqlen_q, true) ints: the sm90
   // forward keeps its per-64-row-chunk key ranges after the counter (sm90/segments.h).
   int32_t* tile_counter = nullptr;
@@ -151,6 +152,20 @@ JF_HOST_DEVICE bool hopper_fwd_takes_extras(const FlashFwdParams& p) {
 JF_HOST_DEVICE int64_t seg_chunks(int seqlen_q) { return (int64_t(seqlen_q) + 63) / 64; }
 inline int64_t fwd_workspace_ints(int batch, int seqlen_q, bool segment_ids) {
   return segment_ids ? 4 + 4 * int64_t(batch) * seg_chunks(seqlen_q) : 1;
+}
+
+// The sm90 backward runs segment ids alone too, without softcap or the deterministic mode,
+// given its workspace (tile_counter, sized by bwd_workspace_ints).
+JF_HOST_DEVICE bool hopper_bwd_takes_extras(const FlashBwdParams& p) {
+  return p.bias == nullptr && p.mask == nullptr && p.dropout_keys == nullptr &&
+         (p.q_segment_ids == nullptr || (p.tile_counter != nullptr && !p.deterministic && !(p.softcap > 0.f)));
+}
+
+// The sm90 backward's segment workspace, int32: a tile counter padded to 16 bytes, then one
+// {visible_lo, visible_hi, full_lo, full_hi} query-row range per (batch, 64-key chunk).
+// Python mirrors this (jax_flash/_primitives.py: _bwd_workspace_ints).
+inline int64_t bwd_workspace_ints(int batch, int seqlen_k, bool segment_ids) {
+  return segment_ids ? 4 + 4 * int64_t(batch) * seg_chunks(seqlen_k) : 1;
 }
 
 // Shape of the GPU dQ accumulator workspace, [batch, heads_q, rows, cols] float32.

@@ -56,10 +56,10 @@ ffi::Error check_kernel_built(int32_t kernel) {
   return ffi::Error::Success();
 }
 
-// Of the optional inputs the Hopper kernels read only segment ids, in the forward
-// (hopper_fwd_takes_extras, flash_params.h). kernel='hopper' with any of them is an error (Python
-// raises it first, at lowering), since the backward would run the portable kernels; kernel='auto'
-// runs the Hopper forward for segment ids alone and the portable kernels for everything else.
+// Of the optional inputs the Hopper kernels read only segment ids (hopper_fwd_takes_extras,
+// hopper_bwd_takes_extras, flash_params.h). kernel='hopper' with any of them is an error (Python
+// raises it first, at lowering); kernel='auto' runs the Hopper kernels for segment ids alone and
+// the portable kernels for everything else.
 ffi::Error check_extras_kernel(const FlashFwdParams& p, int32_t kernel) {
   if (has_extras(p) && kernel == kHopper)
     return ffi::Error::InvalidArgument(
@@ -103,7 +103,8 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
                    ffi::Result<ffi::AnyBuffer> dsum, ffi::Result<ffi::AnyBuffer> lse_log2,
                    ffi::Result<ffi::AnyBuffer> dq_semaphore, ffi::Result<ffi::AnyBuffer> dq_accum,
                    ffi::AnyBuffer q_seg, ffi::AnyBuffer kv_seg, ffi::AnyBuffer bias, ffi::AnyBuffer mask,
-                   ffi::AnyBuffer dropout_keys, ffi::Result<ffi::AnyBuffer> dbias) {
+                   ffi::AnyBuffer dropout_keys, ffi::Result<ffi::AnyBuffer> dbias,
+                   ffi::Result<ffi::AnyBuffer> seg_workspace) {
   FlashBwdParams p;
   if (auto e = fill_bwd_params(q, k, v, o, lse, dout, q_lens, kv_lens, attrs, &p); e.failure()) return e;
   if (auto e = fill_extra_params(q_seg, kv_seg, bias, mask, dropout_keys, attrs, &p); e.failure()) return e;
@@ -126,12 +127,17 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.lse_log2 = static_cast<float*>(lse_log2->untyped_data());
   p.dq_semaphore = static_cast<int*>(dq_semaphore->untyped_data());
   p.dq_accum = static_cast<float*>(dq_accum->untyped_data());
+  // Segment ids: the Hopper backward's key-chunk ranges (and its tile counter), when the
+  // lowering sized the workspace for them.
+  if (p.q_segment_ids &&
+      int64_t(seg_workspace->element_count()) >= bwd_workspace_ints(p.batch, p.seqlen_k, true))
+    p.tile_counter = static_cast<int32_t*>(seg_workspace->untyped_data());
   if (auto e = check_kernel_built(attrs.kernel); e.failure()) return e;
   if (auto e = check_extras_kernel(p, attrs.kernel); e.failure()) return e;
 #ifdef JAX_FLASH_WITH_SM90
   // The Hopper backward covers head dims that are multiples of 8 up to 256 except 129..192
   // (sm90::padded_head_dim); the others take the portable backward even under kernel='hopper'.
-  if (want_hopper(attrs.kernel) && !has_extras(p)) {
+  if (want_hopper(attrs.kernel) && hopper_bwd_takes_extras(p)) {
     cudaError_t err = flash_bwd_sm90(p, stream);
     if (err != cudaErrorNotSupported) return to_ffi(err, "flash_bwd_sm90");
     cudaGetLastError();  // clear the not-supported status before falling back
@@ -146,7 +152,7 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashFwdCuda, jax_flash::FwdCuda,
                               jax_flash::bind_extras(
                                   jax_flash::bind_fwd(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()))
-                                  .Ret<ffi::AnyBuffer>(),  // workspace: tile counter int32 [1]
+                                  .Ret<ffi::AnyBuffer>(),  // workspace: tile counter [+ segment ranges] int32 (fwd_workspace_ints)
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBwdCuda, jax_flash::BwdCuda,
                               jax_flash::bind_extras(
@@ -154,5 +160,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBwdCuda, jax_flash::BwdCuda,
                                       .Ret<ffi::AnyBuffer>()   // workspace: lse_log2 float32 [B, N, rows]
                                       .Ret<ffi::AnyBuffer>()   // workspace: dq_semaphore int32 [B, N, rows / 64]
                                       .Ret<ffi::AnyBuffer>())  // workspace: dq_accum float32 [B, N, rows, cols]
-                                  .Ret<ffi::AnyBuffer>(),      // dbias float32, bias's shape, or [0]
+                                  .Ret<ffi::AnyBuffer>()       // dbias float32, bias's shape, or [0]
+                                  .Ret<ffi::AnyBuffer>(),      // workspace: segment ranges int32 (bwd_workspace_ints)
                               {ffi::Traits::kCmdBufferCompatible});

@@ -39,6 +39,7 @@
 
 #include "../common/mask.h"
 #include "scheduler.h"
+#include "segments.h"
 #include "traits.h"
 #include "utils.h"
 
@@ -239,13 +240,15 @@ struct BwdTile {
     }
   }
 };
-template <class T>
+// Segments: the row blocks narrowed to the key block's segments (segments.h).
+template <class T, bool Segments>
 __forceinline__ __device__ BwdTile bwd_tile(BwdKernelParams<T> const& kp, int linear) {
   BwdTile w{};
   w.done = linear >= kp.sched.num_tiles;
   if (w.done) return w;
   w.t = get_tile(linear, kp.sched);
   row_block_range<T::kBlockM, T::kBlockN>(make_seq_mask(kp.p, w.t.b), w.t.m_block, w.m_min, w.nm);
+  if constexpr (Segments) narrow_rows_to_segments<T::kBlockM, T::kBlockN>(kp.p, w.t.b, w.t.m_block, w.m_min, w.nm);
   w.n_iters = w.nm * (kp.p.heads_q / kp.p.heads_kv);
   return w;
 }
@@ -332,7 +335,7 @@ __forceinline__ __device__ void bulk_reduce_add_f32(float* gmem, float const* sm
 // sync on kBwdBarDQEmpty before restaging, a step later. The writer walks the same tile / step
 // sequence as the consumers (bwd_tile), so only the fragment passes through smem.
 // Deterministic: the turn wait is here too, off the consumers' path.
-template <class T, bool Deterministic, bool Dynamic>
+template <class T, bool Deterministic, bool Dynamic, bool Segments>
 __device__ void bwd_dq_writer(BwdKernelParams<T> const& kp, typename T::SharedStorage& ss, int wg) {
   FlashBwdParams const& p = kp.p;
   float const* stage = ss.dq.data() + wg * T::kdQStageFloats;
@@ -343,7 +346,7 @@ __device__ void bwd_dq_writer(BwdKernelParams<T> const& kp, typename T::SharedSt
   // meets exactly one consumer sync (a second arrival before it would break the barrier).
   if constexpr (!T::kdKVInDQStage) named_arrive(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);
   for (int r = 0;; ++r) {
-    BwdTile const w = bwd_tile(kp, bwd_next_tile<T, Dynamic>(ss, r));
+    BwdTile const w = bwd_tile<T, Segments>(kp, bwd_next_tile<T, Dynamic>(ss, r));
     if (w.done) break;
     SeqMask const msk = make_seq_mask(p, w.t.b);
     BwdStep st = w.first_step(group);
@@ -377,7 +380,9 @@ __forceinline__ __device__ void bwd_consumer_wait(Pipe& pipe, State& st) {
   pipe.consumer_wait(st, tok);
 }
 
-template <class Traits, bool Softcap, bool Deterministic, bool Dynamic = false>
+// Segments: packed sequences (segment ids; segments.h, the ranges in p.tile_counter's
+// workspace), an instantiation of its own so the other kernels' code is unchanged.
+template <class Traits, bool Softcap, bool Deterministic, bool Dynamic = false, bool Segments = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_constant__ const BwdKernelParams<Traits> kp) {
   using T = Traits;
   using Element = typename T::Element;
@@ -455,7 +460,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           *reinterpret_cast<int volatile*>(&ss.tile_ring[slot]) = claimed;
           ss.tile_full[slot].arrive();
         }
-        BwdTile const w = bwd_tile(kp, Dynamic ? claimed : snake_tile(r));
+        BwdTile const w = bwd_tile<T, Segments>(kp, Dynamic ? claimed : snake_tile(r));
         if (w.done) break;
         TileCoord const t = w.t;
         int const n_iters = w.n_iters;
@@ -498,7 +503,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       pipe_q.producer_tail(wr);
       pipe_do.producer_tail(wr_do);
     } else if (!T::kSplitD && (warp_in_wg == 1 || warp_in_wg == 2)) {
-      bwd_dq_writer<T, Deterministic, Dynamic>(kp, ss, warp_in_wg - 1);
+      bwd_dq_writer<T, Deterministic, Dynamic, Segments>(kp, ss, warp_in_wg - 1);
     }
     return;
   }
@@ -596,7 +601,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     named_arrive(kBwdDQHandoffThreads, kBwdBarDQFull + wg);
   };
   for (int r = 0;; ++r) {
-    BwdTile const w = bwd_tile(kp, bwd_next_tile<T, Dynamic>(ss, r));
+    BwdTile const w = bwd_tile<T, Segments>(kp, bwd_next_tile<T, Dynamic>(ss, r));
     if (w.done) break;
     int const n_block = w.t.m_block, h_kv = w.t.h, b = w.t.b;
     SeqMask const msk = make_seq_mask(p, b);
@@ -605,6 +610,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     // Row blocks [full_lo, full_hi) of rows see all of this WG's keys: no element-wise mask.
     int full_lo, full_hi;
     msk.full_rows(key0_wg, key0_wg + 64, &full_lo, &full_hi);
+    int32_t const* q_seg = nullptr;  // Segments: this batch's ids
+    int32_t const* kv_seg = nullptr;
+    if constexpr (Segments) {  // and the rows every key of the WG sees by segment
+      int const chunk = key0_wg / kSegChunkRows;
+      SegRange const sr = chunk < int(seg_chunks(p.seqlen_k)) ? load_seg_range(p, p.seqlen_k, b, chunk) : SegRange{0, 0, 0, 0};
+      full_lo = max(full_lo, sr.full_lo);
+      full_hi = min(full_hi, sr.full_hi);
+      q_seg = p.q_segment_ids + b * p.q_seg_batch_stride;
+      kv_seg = p.kv_segment_ids + b * p.kv_seg_batch_stride;
+    }
     clear(tdVrdV);
     clear(tdKrdK);
     if (n_iters > 0) {
@@ -644,6 +659,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
             int64_t const key = n_block * kBlockN + int(get<0>(cS_rc(i, j)));
             int64_t const row = row0 + int(get<1>(cS_rc(i, j)));
             if (!msk.visible(row, key)) pr = 0.f;
+            if constexpr (Segments) {  // (indices clamped: rows / keys past the ends are masked above)
+              if (__ldg(q_seg + min(row, int64_t(p.seqlen_q - 1))) != __ldg(kv_seg + min(key, int64_t(p.seqlen_k - 1))))
+                pr = 0.f;
+            }
           }
           return pr;
         };

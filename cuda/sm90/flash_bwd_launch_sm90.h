@@ -47,7 +47,7 @@ template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, St
 // 64 keys per CTA: the WGs split head_dim (BwdTraits::kSplitD).
 template <> struct BwdTileConfig<256> { static constexpr int M = 64, N = 64, Stages = 2, PolyEvery = 0, DynamicCausalMaxS = 1 << 30; };
 
-template <class Traits, bool Softcap, bool Deterministic>
+template <class Traits, bool Softcap, bool Deterministic, bool Segments = false>
 cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   using T = Traits;
   using Element = typename T::Element;
@@ -129,9 +129,9 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     err = cudaMemsetAsync(counter, 0, sizeof(int32_t), stream);
     if (err != cudaSuccess) return err;
   }
-  auto kernel = &flash_bwd_kernel<T, Softcap, Deterministic>;
+  auto kernel = &flash_bwd_kernel<T, Softcap, Deterministic, false, Segments>;
   if constexpr (JF_BWD_DYNAMIC && !Deterministic) {
-    if (dynamic) kernel = &flash_bwd_kernel<T, Softcap, false, true>;
+    if (dynamic) kernel = &flash_bwd_kernel<T, Softcap, false, true, Segments>;
   }
   constexpr int smem = T::kSmemBytes;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -151,6 +151,9 @@ cudaError_t run_bwd_hdim(const FlashBwdParams& p, cudaStream_t stream) {
   using C = BwdTileConfig<kHeadDim>;
   using T = BwdTraits<kHeadDim, C::M, C::N, C::Stages, Element, C::PolyEvery>;
   // Deterministic is a separate instantiation: its turn-taking stays out of the default kernel.
+  // Segment ids: their own instantiation, without softcap or the deterministic mode (the
+  // dispatcher sends those to the portable kernels).
+  if (p.q_segment_ids) return launch_bwd<T, false, false, true>(p, stream);
   if (p.deterministic) return p.softcap > 0.f ? launch_bwd<T, true, true>(p, stream) : launch_bwd<T, false, true>(p, stream);
   return p.softcap > 0.f ? launch_bwd<T, true, false>(p, stream) : launch_bwd<T, false, false>(p, stream);
 }

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "flash_bwd_sm90.h"
+#include "segments.h"
 #include "support.h"
 #include "timeline.h"
 
@@ -29,6 +30,11 @@ cudaError_t flash_bwd_sm90(const FlashBwdParams& p, cudaStream_t stream) {
                     p.dv_row_stride, p.dv_head_stride})
     if (!sm90::tma_stride_ok(s)) return cudaErrorNotSupported;
   if (!sm90::on_sm90()) return cudaErrorNotSupported;
+  if (!hopper_bwd_takes_extras(p)) return cudaErrorNotSupported;
+  if (p.q_segment_ids) {
+    cudaError_t err = sm90::compute_segment_ranges(sm90::key_chunk_sides(p), p.batch, stream);
+    if (err != cudaSuccess) return err;
+  }
   const bool bf16 = p.dtype == DType::kBFloat16;
   if (hd == 64)
     return bf16 ? flash_bwd_sm90_hdim<64, DType::kBFloat16>(p, stream) : flash_bwd_sm90_hdim<64, DType::kFloat16>(p, stream);

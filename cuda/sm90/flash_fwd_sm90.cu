@@ -23,7 +23,7 @@ cudaError_t flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   if (!sm90::fwd_operands_ok(p) || !sm90::on_sm90()) return cudaErrorNotSupported;
   if (!hopper_fwd_takes_extras(p)) return cudaErrorNotSupported;
   if (p.q_segment_ids) {
-    cudaError_t err = sm90::compute_segment_ranges(p, stream);
+    cudaError_t err = sm90::compute_segment_ranges(sm90::query_chunk_sides(p), p.batch, stream);
     if (err != cudaSuccess) return err;
   }
   const bool bf16 = p.dtype == DType::kBFloat16;

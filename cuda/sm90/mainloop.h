@@ -130,7 +130,7 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
   if constexpr (Segments) {
     FlashFwdParams const& p = kp.p;
     int const chunk = wg_r0 / kSegChunkRows;
-    SegRange const r = chunk < int(seg_chunks(p.seqlen_q)) ? load_seg_range(p, b, chunk) : SegRange{0, 0, 0, 0};
+    SegRange const r = chunk < int(seg_chunks(p.seqlen_q)) ? load_seg_range(p, p.seqlen_q, b, chunk) : SegRange{0, 0, 0, 0};
     full_k0 = max(full_k0, r.full_lo);
     full_k1 = min(full_k1, r.full_hi);
     seg.kv_seg = p.kv_segment_ids + b * p.kv_seg_batch_stride;
