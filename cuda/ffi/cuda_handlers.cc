@@ -146,7 +146,7 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashFwdCuda, jax_flash::FwdCuda,
                               jax_flash::bind_extras(
                                   jax_flash::bind_fwd(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()))
-                                  .Ret<ffi::AnyBuffer>(),  // workspace: tile counter int32 [1]
+                                  .Ret<ffi::AnyBuffer>(),  // workspace: tile counter [+ segment ranges] int32 (fwd_workspace_ints)
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBwdCuda, jax_flash::BwdCuda,
                               jax_flash::bind_extras(
