@@ -2,7 +2,7 @@
 // on XLA's stream. No synchronisation and no allocation (workspaces are extra FFI
 // outputs), so the handlers are marked CUDA-graph compatible.
 // The optional inputs (segment ids, bias, mask, dropout) and dbias are implemented by the
-// portable sm80 kernels only: a call that has any of them runs those, also on Hopper.
+// portable sm80 kernels; which of them the Hopper kernels take: check_extras_kernel.
 #include <cuda_runtime.h>
 
 #include <string>
