@@ -18,8 +18,9 @@ Operand layouts (what the kernels read):
   The backward returns a fourth output, dbias float32 with the bias's shape, iff bias is given.
   The CPU kernels and the portable (sm80) GPU kernels take the optional operands, dropout
   included; on Hopper, kernel="auto" runs the Hopper kernels for segment ids alone (the
-  portable backward with softcap or deterministic) and the portable kernels for every other
-  call with optional operands (kernel="hopper" with any of them is an error).
+  portable backward with softcap or deterministic), the Hopper forward and the portable
+  backward for bias / mask without dropout, and the portable kernels with dropout
+  (kernel="hopper" with any of them is an error).
 """
 
 from __future__ import annotations

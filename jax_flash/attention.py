@@ -304,10 +304,9 @@ def dot_product_attention(
 
     Where it runs: bias, mask, segment ids and dropout run in jax_flash's kernels on both
     platforms: the CPU kernels, and on a GPU the portable (sm80) kernels, also on Hopper,
-    except that segment ids without bias, mask or dropout run the Hopper kernels there (they
-    read only the blocks of each block's segments; the backward with softcap or
-    deterministic=True is the portable one); implementation="hopper" with any of them is an
-    error. The bias
+    except that without dropout the Hopper forward runs them there, and with segment ids alone
+    the Hopper backward too (softcap or deterministic=True: the portable backward);
+    implementation="hopper" with any of them is an error. The bias
     is read through its broadcast strides (never expanded); its gradient over broadcast axes is
     summed with float atomics on the GPU.
 

@@ -64,9 +64,9 @@ struct FlashFwdParams {
   bool bottom_right = false;  // add (kv_len_b - q_len_b) to q_offset per batch (KV-cache alignment)
 
   // --- optional element-wise inputs, appended last; nullptr = off. Read by the CPU backend and
-  // the sm80 kernels (their kExtras variants). The sm90 kernels take one: segment ids alone
-  // (hopper_fwd_takes_extras, hopper_bwd_takes_extras); the CUDA handlers route every other call
-  // with any of them, dropout included, to sm80 (has_extras). ---
+  // the sm80 kernels (their kExtras variants). The sm90 forward takes all but dropout, the sm90
+  // backward segment ids alone (hopper_fwd_takes_extras, hopper_bwd_takes_extras); the CUDA
+  // handlers route the other calls with any of them to sm80 (has_extras). ---
   // Packed sequences: key j is visible to query i only if their segment ids are equal.
   const int32_t* q_segment_ids = nullptr;   // [batch, seqlen_q]
   const int32_t* kv_segment_ids = nullptr;  // [batch, seqlen_k]; set iff q_segment_ids is
@@ -139,11 +139,10 @@ JF_HOST_DEVICE bool has_extras(const FlashFwdParams& p) {
   return p.q_segment_ids != nullptr || p.bias != nullptr || p.mask != nullptr || p.dropout_keys != nullptr;
 }
 
-// The sm90 forward can run segment ids when they come alone (no bias, mask or dropout), given
-// the workspace for their key ranges (tile_counter, sized by fwd_workspace_ints).
+// The sm90 forward runs every optional input but dropout; segment ids need the workspace for
+// their key ranges (tile_counter, sized by fwd_workspace_ints).
 JF_HOST_DEVICE bool hopper_fwd_takes_extras(const FlashFwdParams& p) {
-  return p.bias == nullptr && p.mask == nullptr && p.dropout_keys == nullptr &&
-         (p.q_segment_ids == nullptr || p.tile_counter != nullptr);
+  return p.dropout_keys == nullptr && (p.q_segment_ids == nullptr || p.tile_counter != nullptr);
 }
 
 // The sm90 forward's workspace, int32: the tile counter, padded to 16 bytes, then with segment

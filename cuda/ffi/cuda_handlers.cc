@@ -56,10 +56,10 @@ ffi::Error check_kernel_built(int32_t kernel) {
   return ffi::Error::Success();
 }
 
-// Of the optional inputs the Hopper kernels read only segment ids (hopper_fwd_takes_extras,
-// hopper_bwd_takes_extras, flash_params.h). kernel='hopper' with any of them is an error (Python
-// raises it first, at lowering); kernel='auto' runs the Hopper kernels for segment ids alone and
-// the portable kernels for everything else.
+// The Hopper forward reads every optional input but dropout, the Hopper backward segment ids
+// alone (hopper_fwd_takes_extras, hopper_bwd_takes_extras, flash_params.h). kernel='hopper' with
+// any of them is an error (Python raises it first, at lowering); kernel='auto' runs the
+// portable kernels for the rest.
 ffi::Error check_extras_kernel(const FlashFwdParams& p, int32_t kernel) {
   if (has_extras(p) && kernel == kHopper)
     return ffi::Error::InvalidArgument(

@@ -11,8 +11,9 @@
 namespace jax_flash::sm90 {
 
 // Segments: packed sequences (segment ids, segments.h); an instantiation of its own, so the
-// plain kernels' code is unchanged by it.
-template <class Traits, bool Softcap, bool Segments>
+// plain kernels' code is unchanged by it. Dense: bias and / or a boolean mask, and segment ids
+// checked at run time (with Segments = false).
+template <class Traits, bool Softcap, bool Segments, bool Dense = false>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fwd_kernel(__grid_constant__ const KernelParams<Traits> kp) {
   using T = Traits;
   extern __shared__ __align__(1024) char smem_raw[];
@@ -60,6 +61,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
           int n_min, n_max;
           key_block_range<T::kBlockM, T::kBlockN>(msk, tc.m_block, n_min, n_max);
           if constexpr (Segments) narrow_to_segments<T::kBlockM, T::kBlockN>(p, tc.b, tc.m_block, n_min, n_max);
+          if constexpr (Dense) {
+            if (p.q_segment_ids) narrow_to_segments<T::kBlockM, T::kBlockN>(p, tc.b, tc.m_block, n_min, n_max);
+          }
           if (n_max > n_min) {
             if (q_loaded) q_empty_sync<T>();
             ptl.mark(kProdQIssue);
@@ -119,13 +123,16 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
       int n_min, n_max;
       key_block_range<T::kBlockM, T::kBlockN>(msk, tc.m_block, n_min, n_max);
       if constexpr (Segments) narrow_to_segments<T::kBlockM, T::kBlockN>(p, tc.b, tc.m_block, n_min, n_max);
+      if constexpr (Dense) {
+        if (p.q_segment_ids) narrow_to_segments<T::kBlockM, T::kBlockN>(p, tc.b, tc.m_block, n_min, n_max);
+      }
       typename T::TiledMmaPV mma_pv;
       Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename T::TileShapePV{}));
       OnlineSoftmax<2, T::kSoftmaxChains, T::kPolyEvery> softmax;
       softmax.scale_log2 = Softcap ? p.softcap * log2e : p.scale * log2e;
       float inv[2], lse[2];
       if (n_max > n_min) {
-        consumer_mma<T, Softcap, Segments>(kp, ss, pipe_k, pipe_v, rd, msk, tc.b, tc.m_block, n_min, n_max, tOrO, softmax, tidx, q_phase, ttl);
+        consumer_mma<T, Softcap, Segments, Dense>(kp, ss, pipe_k, pipe_v, rd, msk, tc.b, tc.h, tc.m_block, n_min, n_max, tOrO, softmax, tidx, q_phase, ttl);
         q_phase ^= 1;
         softmax.finalize(inv, lse);
       } else {

@@ -46,7 +46,7 @@ template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stage
 template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 1, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0; static constexpr int SchedArrive = 0; };
 template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 32, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0; static constexpr int SchedArrive = 0; };
 
-template <class Traits, bool Softcap, bool Segments>
+template <class Traits, bool Softcap, bool Segments, bool Dense = false>
 cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   using T = Traits;
   using Element = typename T::Element;
@@ -95,7 +95,7 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   }
   int64_t const slots = int64_t(sms) * T::kCtasPerSm;  // CTAs resident at once
   int grid = int(persistent && tiles > slots ? slots : tiles);
-  auto kernel = &flash_fwd_kernel<T, Softcap, Segments>;
+  auto kernel = &flash_fwd_kernel<T, Softcap, Segments, Dense>;
   constexpr int smem = T::kSmemBytes;
   // Cheap and idempotent; keeps the launch free of any one-time global state.
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -112,6 +112,10 @@ template <int kHeadDim, int kBlockM, int kBlockN, int kStages, class Element>
 cudaError_t run_fwd_tiles(const FlashFwdParams& p, cudaStream_t stream) {
   using C = TileConfig<kHeadDim>;
   using T = FwdTraits<kHeadDim, kBlockM, kBlockN, kStages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive>;
+  if (p.bias || p.mask) {  // segment ids with them: checked at run time
+    if (p.softcap > 0.f) return launch_fwd<T, true, false, true>(p, stream);
+    return launch_fwd<T, false, false, true>(p, stream);
+  }
   if (p.q_segment_ids) {
     if (p.softcap > 0.f) return launch_fwd<T, true, true>(p, stream);
     return launch_fwd<T, false, true>(p, stream);

@@ -93,10 +93,10 @@ __forceinline__ __device__ void consumer_wait(Pipe& pipe, State& st) {
 
 // Consumer mainloop for one tile. Leaves the unnormalised O in tOrO; returns 1/rowsum and
 // LSE per owned row.
-template <class Traits, bool Softcap, bool Segments, class TO, class Softmax>
+template <class Traits, bool Softcap, bool Segments, bool Dense, class TO, class Softmax>
 __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typename Traits::SharedStorage& ss,
                                              typename Traits::Pipeline& pipe_k, typename Traits::Pipeline& pipe_v,
-                                             typename Traits::PipelineState& rd, SeqMask const& msk, int b, int m_block,
+                                             typename Traits::PipelineState& rd, SeqMask const& msk, int b, int h, int m_block,
                                              int n_min, int n_max, TO& tOrO, Softmax& softmax, int tidx, int q_phase,
                                              TileTimeline& ttl) {
   using T = Traits;
@@ -141,6 +141,22 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
       seg.id[i] = p.q_segment_ids[b * p.q_seg_batch_stride + row];
     }
   }
+  // Bias / mask: every block takes the element path (a bias adds to every logit; no tile of a
+  // mask is known full).
+  DenseRows dense;
+  if constexpr (Dense) {
+    FlashFwdParams const& p = kp.p;
+    full_k1 = full_k0;
+    ElemMask const em = make_elem_mask(p, b, h);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      dense.row[i] = min(m0 + int(get<0>(cS_rc(i, 0))), p.seqlen_q - 1);
+      dense.elem[i] = em.row(dense.row[i]);
+    }
+    dense.bias = make_bias_view(p, b, h);
+    dense.bias_mult = 1.f / (Softcap ? p.softcap : p.scale);
+    dense.seqlen_k = p.seqlen_k;
+  }
   constexpr int kRows = 2;
   float rescale[kRows];
 
@@ -156,6 +172,7 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
     } else {
       mask_tile(s_rc, cS_rc, msk, m0, n0);
       if constexpr (Segments) mask_tile_segments(s_rc, cS_rc, seg, n0);
+      if constexpr (Dense) apply_dense_tile(s_rc, cS_rc, dense, n0);
       softmax.template step<Is_first, true>(s_rc, rescale, hook);
     }
   };
