@@ -112,10 +112,6 @@ template <int kHeadDim, int kBlockM, int kBlockN, int kStages, class Element>
 cudaError_t run_fwd_tiles(const FlashFwdParams& p, cudaStream_t stream) {
   using C = TileConfig<kHeadDim>;
   using T = FwdTraits<kHeadDim, kBlockM, kBlockN, kStages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive>;
-  if (p.bias || p.mask) {  // segment ids with them: checked at run time
-    if (p.softcap > 0.f) return launch_fwd<T, true, false, true>(p, stream);
-    return launch_fwd<T, false, false, true>(p, stream);
-  }
   if (p.q_segment_ids) {
     if (p.softcap > 0.f) return launch_fwd<T, true, true>(p, stream);
     return launch_fwd<T, false, true>(p, stream);
@@ -127,6 +123,15 @@ cudaError_t run_fwd_tiles(const FlashFwdParams& p, cudaStream_t stream) {
 template <int kHeadDim, class Element>
 cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
   using C = TileConfig<kHeadDim>;
+  if (p.bias || p.mask) {
+    // Bias / mask (segment ids with them: checked at run time): the Dense kernels load a key
+    // block's words a block ahead (dense.h), which fits the consumers' registers with 64-key
+    // blocks at H >= 128.
+    using T = FwdTraits<kHeadDim, C::M, kHeadDim >= 128 ? 64 : C::N, C::Stages, Element, C::SoftmaxChains, C::PolyEvery,
+                        C::SchedArrive>;
+    if (p.softcap > 0.f) return launch_fwd<T, true, false, true>(p, stream);
+    return launch_fwd<T, false, false, true>(p, stream);
+  }
   if constexpr (C::ShortCausalM > 0) {
     if (p.window_right >= 0 && p.seqlen_k <= C::ShortCausalMaxS)
       return run_fwd_tiles<kHeadDim, C::ShortCausalM, C::ShortCausalN, C::Stages, Element>(p, stream);

@@ -2,6 +2,7 @@
 // halves of the forward mainloop.
 #pragma once
 
+#include "dense.h"
 #include "segments.h"
 #include "softmax.h"
 #include "traits.h"
@@ -144,24 +145,22 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
   // Bias / mask: every block takes the element path (a bias adds to every logit; no tile of a
   // mask is known full).
   DenseRows dense;
+  DenseWords<T::kAccCols> dense_words;  // the next block's, loaded before its S GEMM is waited on
   if constexpr (Dense) {
     FlashFwdParams const& p = kp.p;
     full_k1 = full_k0;
-    ElemMask const em = make_elem_mask(p, b, h);
+    int rows[2];
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < 2; ++i) {
-      dense.row[i] = min(m0 + int(get<0>(cS_rc(i, 0))), p.seqlen_q - 1);
-      dense.elem[i] = em.row(dense.row[i]);
-    }
-    dense.bias = make_bias_view(p, b, h);
-    dense.bias_mult = 1.f / (Softcap ? p.softcap : p.scale);
-    dense.seqlen_k = p.seqlen_k;
+    for (int i = 0; i < 2; ++i) rows[i] = min(m0 + int(get<0>(cS_rc(i, 0))), p.seqlen_q - 1);
+    dense = make_dense_rows(p, b, h, rows, Softcap);
   }
   constexpr int kRows = 2;
   float rescale[kRows];
 
   // hook(Int<1>) after the row max, hook(Int<2>) after half of the exp2s (OnlineSoftmax::step).
-  auto process = [&](auto& tSrS, int n_block, auto is_first, auto hook) {
+  // always_inline: left out of line (the Dense kernels' two calls are large), it would take the
+  // accumulators by reference and put them in local memory.
+  auto process = [&](auto& tSrS, int n_block, auto is_first, auto hook) __attribute__((always_inline)) {
     constexpr bool Is_first = decltype(is_first)::value;
     Tensor s_rc = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
     if constexpr (Softcap) softcap_tile(tSrS, kp.softcap_mult);
@@ -172,7 +171,7 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
     } else {
       mask_tile(s_rc, cS_rc, msk, m0, n0);
       if constexpr (Segments) mask_tile_segments(s_rc, cS_rc, seg, n0);
-      if constexpr (Dense) apply_dense_tile(s_rc, cS_rc, dense, n0);
+      if constexpr (Dense) apply_dense_tile(s_rc, cS_rc, dense, dense_words, n0);
       softmax.template step<Is_first, true>(s_rc, rescale, hook);
     }
   };
@@ -183,6 +182,7 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
   StepTimeline tl;
   tl.init(kp.timeline, wg, blockIdx.x == 0 && tidx % 128 == 0);
   int n_block = n_max - 1;
+  if constexpr (Dense) load_dense_words(dense_words, cS_rc, dense, n_block * kBlockN);
   ss.barrier_q.wait(q_phase);
   ttl.mark(kTileQReady);
   {
@@ -211,6 +211,7 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
     ++rd;
     Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename T::TileShapeQK{}));
     tl.mark(StepTimeline::kStart);
+    if constexpr (Dense) load_dense_words(dense_words, cS_rc, dense, n_block * kBlockN);
     consumer_wait(pipe_k, rd);
     sched_sync<T::kMmaWGs>(wg);
     tl.mark(StepTimeline::kIssueQK);

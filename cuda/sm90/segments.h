@@ -171,32 +171,4 @@ __forceinline__ __device__ void mask_tile_segments(TS& s, TC const& c, SegRows c
   }
 }
 
-// Bias and boolean mask (and segment ids, at run time) in the forward's Dense kernels: the
-// rules of the thread's two accumulator rows, hoisted out of the key loop.
-struct DenseRows {
-  ElemMask::Row elem[2];  // segment ids / mask of each row (mask.h)
-  BiasView bias;          // bias.ptr == nullptr: no bias
-  int64_t row[2];         // the rows (clamped to seqlen_q - 1: rows past it are not stored)
-  float bias_mult;        // the accumulator is in units of 1 / scale (1 / softcap with softcap)
-  int seqlen_k;
-};
-
-// Every element the interval rule left visible: -inf where segment ids or the mask hide it,
-// else + bias (in accumulator units). Columns as in mask_tile_segments.
-template <class TS, class TC>
-__forceinline__ __device__ void apply_dense_tile(TS& s, TC const& c, DenseRows const& d, int n0) {
-  int const col0 = n0 + int(get<1>(c(0, 0)));
-  CUTLASS_PRAGMA_UNROLL
-  for (int k = 0; k < size<1>(s); ++k) {
-    int const dj = int(get<1>(c.layout()(0, k))) - int(get<1>(c.layout()(0, 0)));
-    int64_t const j = min(col0 + dj, d.seqlen_k - 1);  // keys past seqlen_k are masked already
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      if (s(r, k) == -INFINITY) continue;
-      if (!d.elem[r].visible(j)) s(r, k) = -INFINITY;
-      else if (d.bias.ptr) s(r, k) += d.bias.at(d.row[r], j) * d.bias_mult;
-    }
-  }
-}
-
 }  // namespace jax_flash::sm90

@@ -29,6 +29,8 @@ struct FwdTraits {
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
+  // Accumulator columns per thread of an S tile (two rows each).
+  static constexpr int kAccCols = kBlockN / 4;
   // One consumer warpgroup per 64 query rows; warpgroup 0 is the TMA producer.
   static constexpr int kMmaWGs = kBlockM / 64;
   static constexpr int kMmaThreads = kMmaWGs * 128;
