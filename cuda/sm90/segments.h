@@ -145,9 +145,9 @@ __forceinline__ __device__ void narrow_rows_to_segments(FlashFwdParams const& p,
   nm = m_end - m_min;
 }
 
-// The segment rule for one warpgroup's rows: their ids, and the keys all of them see.
+// The segment rule for one thread's two accumulator rows: the key ids and the rows' ids.
 struct SegRows {
-  int32_t const* kv_seg = nullptr;  // this batch's key ids; nullptr = no segment ids
+  int32_t const* kv_seg = nullptr;  // this batch's key ids
   int seqlen_k = 0;
   int id[2] = {0, 0};  // the ids of the thread's two accumulator rows
 };
