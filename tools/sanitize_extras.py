@@ -1,0 +1,46 @@
+"""The Hopper kernels that take optional inputs (segment ids: forward and backward; bias / mask:
+forward) on small shapes, for compute-sanitizer on the GPU machine (the harnesses of
+tools/sanitize.sh run the plain kernels only). Checks only jax_flash's kernels:
+  compute-sanitizer --tool memcheck --error-exitcode 99 --kernel-name kns=jax_flash \
+      python3 tools/sanitize_extras.py
+  (racecheck likewise; each case's output is also compared with the portable kernels')
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_flash
+
+
+def case(H, T, S, causal, kw, label):
+    ks = jax.random.split(jax.random.key(H + T + S), 3)
+    q = jax.random.normal(ks[0], (2, T, 2, H), jnp.bfloat16)
+    k, v = (jax.random.normal(kk, (2, S, 1, H), jnp.bfloat16) for kk in ks[1:])
+
+    def loss(q, k, v, impl):
+        out = jax_flash.dot_product_attention(q, k, v, is_causal=causal, implementation=impl, **kw)
+        return jnp.sum(out.astype(jnp.float32) * jnp.cos(jnp.arange(H, dtype=jnp.float32)))
+
+    res = {impl: jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=3)(q, k, v, impl)
+           for impl in (None, "portable")}
+    (a, ga), (b, gb) = res[None], res["portable"]
+    err = max(float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32)))) for x, y in zip(ga, gb))
+    print(f"H={H} T={T} S={S} causal={causal} {label}: loss {float(a):.4f} vs portable {float(b):.4f}, "
+          f"max grad diff {err:.3g}", flush=True)
+
+
+rng = np.random.default_rng(0)
+for H in (64, 128, 256):
+    T, S = 200, 333
+    qseg = jnp.asarray(np.sort(rng.integers(0, 4, (2, T))), jnp.int32)
+    kseg = jnp.asarray(np.sort(rng.integers(0, 4, (2, S))), jnp.int32)
+    for causal in (False, True):
+        case(H, T, S, causal, dict(query_segment_ids=qseg, key_value_segment_ids=kseg), "sorted segments")
+    useg_q = jnp.asarray(rng.integers(0, 3, (2, T)), jnp.int32)
+    useg_k = jnp.asarray(rng.integers(0, 3, (2, S)), jnp.int32)
+    case(H, T, S, True, dict(query_segment_ids=useg_q, key_value_segment_ids=useg_k), "unsorted segments")
+    bias = jax.random.normal(jax.random.key(7), (1, 2, T, S), jnp.float32)
+    mask = jax.random.bernoulli(jax.random.key(8), 0.7, (2, 1, T, S))
+    case(H, T, S, False, dict(bias=bias), "bias f32 [1,N,T,S]")
+    case(H, T, S, True, dict(bias=bias.astype(jnp.bfloat16), mask=mask), "bias bf16 + mask")
+    case(H, T, S, False, dict(mask=mask, query_segment_ids=qseg, key_value_segment_ids=kseg), "mask + segments")
