@@ -145,6 +145,14 @@ JF_HOST_DEVICE bool hopper_fwd_takes_extras(const FlashFwdParams& p) {
   return p.dropout_keys == nullptr && (p.q_segment_ids == nullptr || p.tile_counter != nullptr);
 }
 
+// kernel='auto' on Hopper: where the Hopper forward runs a call it takes. A bias at head dims
+// <= 64 stays on the portable forward, which is faster there (session 16, S=8192 f32 bias
+// [1,1,T,S]: Hopper 0.60-0.69x the portable forward at H=64; 1.13-1.49x at H=128, 1.35x at 256;
+// a mask 1.32-3.23x everywhere; cuda/sm90/NOTES.md v47b).
+JF_HOST_DEVICE bool hopper_fwd_preferred(const FlashFwdParams& p) {
+  return hopper_fwd_takes_extras(p) && (p.bias == nullptr || p.head_dim > 64);
+}
+
 // The sm90 forward's workspace, int32: the tile counter, padded to 16 bytes, then with segment
 // ids one {visible_lo, visible_hi, full_lo, full_hi} key range per (batch, 64-row chunk).
 // Python mirrors this (jax_flash/_primitives.py: _fwd_workspace_ints).

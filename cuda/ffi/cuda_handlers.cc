@@ -87,7 +87,7 @@ ffi::Error FwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   if (auto e = check_kernel_built(attrs.kernel); e.failure()) return e;
   if (auto e = check_extras_kernel(p, attrs.kernel); e.failure()) return e;
 #ifdef JAX_FLASH_WITH_SM90
-  if (want_hopper(attrs.kernel) && hopper_fwd_takes_extras(p) && workspace_ok) {
+  if (want_hopper(attrs.kernel) && hopper_fwd_preferred(p) && workspace_ok) {
     cudaError_t err = flash_fwd_sm90(p, stream);
     if (err != cudaErrorNotSupported || attrs.kernel == kHopper) return to_ffi(err, "flash_fwd_sm90");
     cudaGetLastError();  // clear the not-supported status before falling back
