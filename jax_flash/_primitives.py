@@ -19,7 +19,8 @@ Operand layouts (what the kernels read):
   The CPU kernels and the portable (sm80) GPU kernels take the optional operands, dropout
   included; on Hopper, kernel="auto" runs the Hopper kernels for segment ids alone (the
   portable backward with softcap or deterministic), the Hopper forward and the portable
-  backward for bias / mask without dropout, and the portable kernels with dropout
+  backward for a mask, or a bias at head dims over 64, without dropout (a bias at head dims
+  <= 64 runs faster on the portable forward), and the portable kernels with dropout
   (kernel="hopper" with any of them is an error).
 """
 

@@ -304,7 +304,8 @@ def dot_product_attention(
 
     Where it runs: bias, mask, segment ids and dropout run in jax_flash's kernels on both
     platforms: the CPU kernels, and on a GPU the portable (sm80) kernels, also on Hopper,
-    except that without dropout the Hopper forward runs them there, and with segment ids alone
+    except that without dropout the Hopper forward runs them there (not a bias at head dims
+    <= 64, which is faster on the portable forward), and with segment ids alone
     the Hopper backward too (softcap or deterministic=True: the portable backward);
     implementation="hopper" with any of them is an error. The bias
     is read through its broadcast strides (never expanded); its gradient over broadcast axes is

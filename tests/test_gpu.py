@@ -160,7 +160,8 @@ def test_gpu_long_context_memory():
 # ------------------------------------------------- segment ids, bias (dbias), boolean mask
 #
 # They run in the portable (sm80) kernels, also on Hopper (kernel="auto" routes them there),
-# except that without dropout the Hopper forward runs them there, and with segment ids alone
+# except that without dropout the Hopper forward runs them there (not a bias at head dims <= 64,
+# faster on the portable forward), and with segment ids alone
 # the Hopper backward too (not with softcap, as in seg_unsorted_window_lens_softcap, or
 # deterministic=True).
 # Checked against the float64 reference under FlashAttention's 2x rule (out, lse, dq, dk, dv,

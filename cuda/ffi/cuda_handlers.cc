@@ -56,7 +56,8 @@ ffi::Error check_kernel_built(int32_t kernel) {
   return ffi::Error::Success();
 }
 
-// The Hopper forward reads every optional input but dropout, the Hopper backward segment ids
+// The Hopper forward reads every optional input but dropout (kernel='auto' sends it what it runs
+// faster: hopper_fwd_preferred), the Hopper backward segment ids
 // alone (hopper_fwd_takes_extras, hopper_bwd_takes_extras, flash_params.h). kernel='hopper' with
 // any of them is an error (Python raises it first, at lowering); kernel='auto' runs the
 // portable kernels for the rest.

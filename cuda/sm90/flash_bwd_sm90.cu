@@ -36,6 +36,10 @@ cudaError_t flash_bwd_sm90(const FlashBwdParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   const bool bf16 = p.dtype == DType::kBFloat16;
+#ifdef JF_HARNESS_BF16_HDIM  // harness A/B builds of one instantiation (build_harness.sh HDIM=...)
+  if (hd != JF_HARNESS_BF16_HDIM || !bf16) return cudaErrorNotSupported;
+  return flash_bwd_sm90_hdim<JF_HARNESS_BF16_HDIM, DType::kBFloat16>(p, stream);
+#endif
   if (hd == 64)
     return bf16 ? flash_bwd_sm90_hdim<64, DType::kBFloat16>(p, stream) : flash_bwd_sm90_hdim<64, DType::kFloat16>(p, stream);
   if (hd == 128)

@@ -27,6 +27,10 @@ cudaError_t flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   const bool bf16 = p.dtype == DType::kBFloat16;
+#ifdef JF_HARNESS_BF16_HDIM  // harness A/B builds of one instantiation (build_harness.sh HDIM=...)
+  if (hd != JF_HARNESS_BF16_HDIM || !bf16) return cudaErrorNotSupported;
+  return flash_fwd_sm90_hdim<JF_HARNESS_BF16_HDIM, DType::kBFloat16>(p, stream);
+#endif
   switch (hd) {
     case 64: return bf16 ? flash_fwd_sm90_hdim<64, DType::kBFloat16>(p, stream) : flash_fwd_sm90_hdim<64, DType::kFloat16>(p, stream);
     case 128: return bf16 ? flash_fwd_sm90_hdim<128, DType::kBFloat16>(p, stream) : flash_fwd_sm90_hdim<128, DType::kFloat16>(p, stream);
