@@ -223,6 +223,14 @@ def test_gpu_extras(case, shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
+def test_gpu_bias_with_zero_scale(dtype):
+    """scale=0: the logits are the bias alone. The Hopper forward adds bias / scale to the
+    unscaled logits, so these calls take the portable forward (hopper_fwd_takes_extras)."""
+    B, T, S, N, K, H = 2, 100, 130, 4, 2, 128
+    check_case(B, T, S, N, K, H, dtype, dropin(scale=0.0), ref_of(scale=0.0), bias_shape=(1, N, T, S), seed=5)
+
+
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("segments", [3, 40])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("H", [64, 128, 256])

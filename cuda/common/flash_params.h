@@ -13,6 +13,7 @@
 // Strides are in elements and 64-bit so that batch*seqlen*heads*head_dim may pass 2^31.
 #pragma once
 
+#include <cfloat>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -140,9 +141,12 @@ JF_HOST_DEVICE bool has_extras(const FlashFwdParams& p) {
 }
 
 // The sm90 forward runs every optional input but dropout; segment ids need the workspace for
-// their key ranges (tile_counter, sized by fwd_workspace_ints).
+// their key ranges (tile_counter, sized by fwd_workspace_ints); a bias needs 1 / scale finite
+// without softcap (the kernel adds bias / scale to the unscaled logits: scale 0 would give NaN).
 JF_HOST_DEVICE bool hopper_fwd_takes_extras(const FlashFwdParams& p) {
-  return p.dropout_keys == nullptr && (p.q_segment_ids == nullptr || p.tile_counter != nullptr);
+  float const inv_scale = 1.f / p.scale;
+  bool const bias_ok = p.bias == nullptr || p.softcap > 0.f || (inv_scale <= FLT_MAX && inv_scale >= -FLT_MAX);
+  return p.dropout_keys == nullptr && bias_ok && (p.q_segment_ids == nullptr || p.tile_counter != nullptr);
 }
 
 // kernel='auto' on Hopper: where the Hopper forward runs a call it takes. A bias at head dims

@@ -23,6 +23,7 @@ int main() {
   auto fwd = [](int head_dim) {
     FlashFwdParams p;
     p.head_dim = head_dim;
+    p.scale = 0.125f;
     p.tile_counter = counter;
     return p;
   };
@@ -41,6 +42,11 @@ int main() {
     expect(hopper_fwd_preferred(p), h > 64, "bias: where it runs");
     p.mask = mask;
     expect(hopper_fwd_preferred(p), h > 64, "bias and mask");
+    // The Hopper forward adds bias / scale to the unscaled logits: no bias with scale 0 there.
+    p = fwd(h), p.bias = bias, p.scale = 0.f;
+    expect(hopper_fwd_takes_extras(p), false, "bias with scale 0");
+    p.softcap = 5.f;  // with softcap the bias is added in units of 1 / softcap
+    expect(hopper_fwd_takes_extras(p), true, "bias with scale 0 and softcap");
     p = fwd(h), p.mask = mask, p.dropout_keys = keys;
     expect(hopper_fwd_takes_extras(p), false, "dropout");
   }
