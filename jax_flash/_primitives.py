@@ -165,16 +165,11 @@ def _with_all_extras(ctx, n_fixed, args, spec):
     return ctx.replace(avals_in=avals), fixed
 
 
-def _fwd_workspace_ints(batch: int, seqlen_q: int, segment_ids: bool) -> int:
-    """Mirrors fwd_workspace_ints (cuda/common/flash_params.h): the tile counter padded to 16
-    bytes, then four ints per (batch, 64-row chunk) of queries when segment ids are given."""
-    return 4 + 4 * batch * -(-seqlen_q // 64) if segment_ids else 1
-
-
-def _bwd_workspace_ints(batch: int, seqlen_k: int, segment_ids: bool) -> int:
-    """Mirrors bwd_workspace_ints (cuda/common/flash_params.h): a tile counter padded to 16
-    bytes, then four ints per (batch, 64-key chunk) when segment ids are given."""
-    return 4 + 4 * batch * -(-seqlen_k // 64) if segment_ids else 1
+def _workspace_ints(batch: int, chunked_len: int, segment_ids: bool) -> int:
+    """Mirrors workspace_ints (cuda/common/flash_params.h): the Hopper kernels' tile counter,
+    and with segment ids, after it padded to 16 bytes, four ints per (batch, 64-long chunk) of
+    queries (forward: chunked_len = T) or keys (backward: S)."""
+    return 4 + 4 * batch * -(-chunked_len // 64) if segment_ids else 1
 
 
 def _fwd_local_lowering(ctx, *args, spec, platform):
@@ -187,7 +182,7 @@ def _fwd_local_lowering(ctx, *args, spec, platform):
         # with segment ids, its key ranges per 64-row chunk; an extra output of the call so XLA
         # owns it, dropped here.
         B, T = ctx.avals_in[0].shape[:2]
-        ints = _fwd_workspace_ints(B, T, "q_segment_ids" in spec.extras)
+        ints = _workspace_ints(B, T, "q_segment_ids" in spec.extras)
         ctx = ctx.replace(avals_out=[*ctx.avals_out, jax.core.ShapedArray((ints,), jnp.int32)])
         return jax.ffi.ffi_lowering(_ffi.FWD_TARGET)(ctx, *args, **spec.ffi_attrs())[:2]
     return jax.ffi.ffi_lowering(_ffi.FWD_TARGET)(ctx, *args, **spec.ffi_attrs())
@@ -242,7 +237,7 @@ def _bwd_local_lowering(ctx, *args, spec, platform):
     tail = []
     if platform == "cuda":
         S = ctx.avals_in[1].shape[1]
-        tail = [jax.core.ShapedArray((_bwd_workspace_ints(B, S, "q_segment_ids" in spec.extras),), jnp.int32)]
+        tail = [jax.core.ShapedArray((_workspace_ints(B, S, "q_segment_ids" in spec.extras),), jnp.int32)]
     ctx = ctx.replace(avals_out=[*outs[:3], *workspaces, *dbias, *tail])
     results = list(jax.ffi.ffi_lowering(_ffi.BWD_TARGET)(ctx, *args, **spec.ffi_attrs()))
     i_dbias = 3 + len(workspaces)

@@ -415,8 +415,8 @@ def test_core_on_gpu_lowers_to_the_kernels(feature):
 def test_gpu_workspaces_hold_the_segment_ranges(T, S):
     """The CUDA calls' int32 workspaces: the forward's tile counter alone, or with segment ids the
     counter padded to 16 bytes and one 4-int key range per (batch, 64-row chunk) of queries
-    (fwd_workspace_ints, cuda/common/flash_params.h); the backward's, one 4-int row range per
-    (batch, 64-key chunk) (bwd_workspace_ints). The Hopper kernels fill them."""
+    (workspace_ints, cuda/common/flash_params.h); the backward's, one 4-int row range per
+    (batch, 64-key chunk). The Hopper kernels fill them."""
     B = 3
     q, kv = jnp.zeros((B, T, 16), jnp.bfloat16), jnp.zeros((B, S, 16), jnp.bfloat16)
     ids_q, ids_k = jnp.zeros((B, T), jnp.int32), jnp.zeros((B, S), jnp.int32)

@@ -99,9 +99,9 @@ struct FlashFwdParams {
   // tile counter (dynamic persistent schedule; zeroed by the launch on the stream). nullptr =
   // static schedule only. The sm90 backward's dynamic schedule uses it when given, else its
   // first dQ turn counter (the FFI passes one to the backward only with segment ids, in the
-  // workspace of their ranges, bwd_workspace_ints). ---
-  // With segment ids it must hold fwd_workspace_ints(batch, seqlen_q, true) ints: the sm90
-  // forward keeps its per-64-row-chunk key ranges after the counter (sm90/segments.h).
+  // workspace of their ranges). ---
+  // With segment ids it must hold workspace_ints(batch, seqlen_q, true) ints (the backward's:
+  // seqlen_k): the sm90 kernels keep their chunk ranges after the counter (sm90/segments.h).
   int32_t* tile_counter = nullptr;
 
   int64_t group() const { return heads_q / heads_kv; }
@@ -141,7 +141,7 @@ JF_HOST_DEVICE bool has_extras(const FlashFwdParams& p) {
 }
 
 // The sm90 forward runs every optional input but dropout; segment ids need the workspace for
-// their key ranges (tile_counter, sized by fwd_workspace_ints); a bias needs 1 / scale finite
+// their key ranges (tile_counter, sized by workspace_ints over seqlen_q); a bias needs 1 / scale finite
 // without softcap (the kernel adds bias / scale to the unscaled logits: scale 0 would give NaN).
 JF_HOST_DEVICE bool hopper_fwd_takes_extras(const FlashFwdParams& p) {
   float const inv_scale = 1.f / p.scale;
@@ -157,26 +157,21 @@ JF_HOST_DEVICE bool hopper_fwd_preferred(const FlashFwdParams& p) {
   return hopper_fwd_takes_extras(p) && (p.bias == nullptr || p.head_dim > 64);
 }
 
-// The sm90 forward's workspace, int32: the tile counter, padded to 16 bytes, then with segment
-// ids one {visible_lo, visible_hi, full_lo, full_hi} key range per (batch, 64-row chunk).
-// Python mirrors this (jax_flash/_primitives.py: _fwd_workspace_ints).
-JF_HOST_DEVICE int64_t seg_chunks(int seqlen_q) { return (int64_t(seqlen_q) + 63) / 64; }
-inline int64_t fwd_workspace_ints(int batch, int seqlen_q, bool segment_ids) {
-  return segment_ids ? 4 + 4 * int64_t(batch) * seg_chunks(seqlen_q) : 1;
+// The sm90 kernels' int32 workspace (tile_counter): the tile counter, and with segment ids,
+// after it padded to 16 bytes, one {visible_lo, visible_hi, full_lo, full_hi} range per (batch,
+// 64-long chunk of the side that owns the ranges: queries in the forward, whose ranges are of
+// keys; keys in the backward, ranges of query rows). chunked_len: that side's length.
+// Python mirrors this (jax_flash/_primitives.py: _workspace_ints).
+JF_HOST_DEVICE int64_t seg_chunks(int chunked_len) { return (int64_t(chunked_len) + 63) / 64; }
+inline int64_t workspace_ints(int batch, int chunked_len, bool segment_ids) {
+  return segment_ids ? 4 + 4 * int64_t(batch) * seg_chunks(chunked_len) : 1;
 }
 
 // The sm90 backward runs segment ids alone too, without softcap or the deterministic mode,
-// given its workspace (tile_counter, sized by bwd_workspace_ints).
+// given its workspace (tile_counter, sized by workspace_ints over seqlen_k).
 JF_HOST_DEVICE bool hopper_bwd_takes_extras(const FlashBwdParams& p) {
   return p.bias == nullptr && p.mask == nullptr && p.dropout_keys == nullptr &&
          (p.q_segment_ids == nullptr || (p.tile_counter != nullptr && !p.deterministic && !(p.softcap > 0.f)));
-}
-
-// The sm90 backward's segment workspace, int32: a tile counter padded to 16 bytes, then one
-// {visible_lo, visible_hi, full_lo, full_hi} query-row range per (batch, 64-key chunk).
-// Python mirrors this (jax_flash/_primitives.py: _bwd_workspace_ints).
-inline int64_t bwd_workspace_ints(int batch, int seqlen_k, bool segment_ids) {
-  return segment_ids ? 4 + 4 * int64_t(batch) * seg_chunks(seqlen_k) : 1;
 }
 
 // Shape of the GPU dQ accumulator workspace, [batch, heads_q, rows, cols] float32.

@@ -84,7 +84,7 @@ ffi::Error FwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.tile_counter = static_cast<int32_t*>(tile_counter->untyped_data());
   // The lowering sizes the workspace for the segment ranges when segment ids are given.
   bool const workspace_ok = int64_t(tile_counter->element_count()) >=
-                            fwd_workspace_ints(p.batch, p.seqlen_q, p.q_segment_ids != nullptr);
+                            workspace_ints(p.batch, p.seqlen_q, p.q_segment_ids != nullptr);
   if (auto e = check_kernel_built(attrs.kernel); e.failure()) return e;
   if (auto e = check_extras_kernel(p, attrs.kernel); e.failure()) return e;
 #ifdef JAX_FLASH_WITH_SM90
@@ -131,7 +131,7 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   // Segment ids: the Hopper backward's key-chunk ranges (and its tile counter), when the
   // lowering sized the workspace for them.
   if (p.q_segment_ids &&
-      int64_t(seg_workspace->element_count()) >= bwd_workspace_ints(p.batch, p.seqlen_k, true))
+      int64_t(seg_workspace->element_count()) >= workspace_ints(p.batch, p.seqlen_k, true))
     p.tile_counter = static_cast<int32_t*>(seg_workspace->untyped_data());
   if (auto e = check_kernel_built(attrs.kernel); e.failure()) return e;
   if (auto e = check_extras_kernel(p, attrs.kernel); e.failure()) return e;
@@ -153,7 +153,7 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashFwdCuda, jax_flash::FwdCuda,
                               jax_flash::bind_extras(
                                   jax_flash::bind_fwd(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()))
-                                  .Ret<ffi::AnyBuffer>(),  // workspace: tile counter [+ segment ranges] int32 (fwd_workspace_ints)
+                                  .Ret<ffi::AnyBuffer>(),  // workspace: tile counter [+ segment ranges] int32 (workspace_ints)
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBwdCuda, jax_flash::BwdCuda,
                               jax_flash::bind_extras(
@@ -162,5 +162,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBwdCuda, jax_flash::BwdCuda,
                                       .Ret<ffi::AnyBuffer>()   // workspace: dq_semaphore int32 [B, N, rows / 64]
                                       .Ret<ffi::AnyBuffer>())  // workspace: dq_accum float32 [B, N, rows, cols]
                                   .Ret<ffi::AnyBuffer>()       // dbias float32, bias's shape, or [0]
-                                  .Ret<ffi::AnyBuffer>(),      // workspace: segment ranges int32 (bwd_workspace_ints)
+                                  .Ret<ffi::AnyBuffer>(),      // workspace: segment ranges int32 (workspace_ints)
                               {ffi::Traits::kCmdBufferCompatible});
