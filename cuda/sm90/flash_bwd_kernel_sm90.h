@@ -613,10 +613,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     int32_t const* q_seg = nullptr;  // Segments: this batch's ids
     int32_t const* kv_seg = nullptr;
     if constexpr (Segments) {  // and the rows every key of the WG sees by segment
-      int const chunk = key0_wg / kSegChunkRows;
-      SegRange const sr = chunk < int(seg_chunks(p.seqlen_k)) ? load_seg_range(p, p.seqlen_k, b, chunk) : SegRange{0, 0, 0, 0};
-      full_lo = max(full_lo, sr.full_lo);
-      full_hi = min(full_hi, sr.full_hi);
+      narrow_full_to_segment(p, p.seqlen_k, b, key0_wg / kSegChunkRows, full_lo, full_hi);
       q_seg = p.q_segment_ids + b * p.q_seg_batch_stride;
       kv_seg = p.kv_segment_ids + b * p.kv_seg_batch_stride;
     }

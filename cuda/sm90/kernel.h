@@ -10,6 +10,17 @@
 
 namespace jax_flash::sm90 {
 
+// A tile's key blocks [n_min, n_max): the interval rule's, narrowed to its query chunks'
+// segments (Segments; Dense: when segment ids come with the bias / mask). The producer and the
+// consumers walk exactly these.
+template <class T, bool Segments, bool Dense>
+__forceinline__ __device__ void tile_key_blocks(FlashFwdParams const& p, SeqMask const& msk, TileCoord const& tc,
+                                                int& n_min, int& n_max) {
+  key_block_range<T::kBlockM, T::kBlockN>(msk, tc.m_block, n_min, n_max);
+  if (Segments || (Dense && p.q_segment_ids))
+    narrow_to_segments<T::kBlockM, T::kBlockN>(p, tc.b, tc.m_block, n_min, n_max);
+}
+
 // Segments: packed sequences (segment ids, segments.h); an instantiation of its own, so the
 // plain kernels' code is unchanged by it. Dense: bias and / or a boolean mask, and segment ids
 // checked at run time (with Segments = false).
@@ -59,11 +70,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
           TileCoord tc = get_tile(tile, kp.sched);
           SeqMask msk = make_seq_mask(p, tc.b);
           int n_min, n_max;
-          key_block_range<T::kBlockM, T::kBlockN>(msk, tc.m_block, n_min, n_max);
-          if constexpr (Segments) narrow_to_segments<T::kBlockM, T::kBlockN>(p, tc.b, tc.m_block, n_min, n_max);
-          if constexpr (Dense) {
-            if (p.q_segment_ids) narrow_to_segments<T::kBlockM, T::kBlockN>(p, tc.b, tc.m_block, n_min, n_max);
-          }
+          tile_key_blocks<T, Segments, Dense>(p, msk, tc, n_min, n_max);
           if (n_max > n_min) {
             if (q_loaded) q_empty_sync<T>();
             ptl.mark(kProdQIssue);
@@ -121,11 +128,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
       TileCoord tc = get_tile(tile, kp.sched);
       SeqMask msk = make_seq_mask(p, tc.b);
       int n_min, n_max;
-      key_block_range<T::kBlockM, T::kBlockN>(msk, tc.m_block, n_min, n_max);
-      if constexpr (Segments) narrow_to_segments<T::kBlockM, T::kBlockN>(p, tc.b, tc.m_block, n_min, n_max);
-      if constexpr (Dense) {
-        if (p.q_segment_ids) narrow_to_segments<T::kBlockM, T::kBlockN>(p, tc.b, tc.m_block, n_min, n_max);
-      }
+      tile_key_blocks<T, Segments, Dense>(p, msk, tc, n_min, n_max);
       typename T::TiledMmaPV mma_pv;
       Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename T::TileShapePV{}));
       OnlineSoftmax<2, T::kSoftmaxChains, T::kPolyEvery> softmax;

@@ -130,10 +130,7 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
   SegRows seg;
   if constexpr (Segments) {
     FlashFwdParams const& p = kp.p;
-    int const chunk = wg_r0 / kSegChunkRows;
-    SegRange const r = chunk < int(seg_chunks(p.seqlen_q)) ? load_seg_range(p, p.seqlen_q, b, chunk) : SegRange{0, 0, 0, 0};
-    full_k0 = max(full_k0, r.full_lo);
-    full_k1 = min(full_k1, r.full_hi);
+    narrow_full_to_segment(p, p.seqlen_q, b, wg_r0 / kSegChunkRows, full_k0, full_k1);
     seg.kv_seg = p.kv_segment_ids + b * p.kv_seg_batch_stride;
     seg.seqlen_k = p.seqlen_k;
     CUTLASS_PRAGMA_UNROLL

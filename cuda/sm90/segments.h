@@ -42,7 +42,7 @@ inline SegSides key_chunk_sides(FlashFwdParams const& p) {  // the backward's
           reinterpret_cast<int4*>(p.tile_counter + 4)};
 }
 
-// After the tile counter in the workspace (fwd_workspace_ints / bwd_workspace_ints).
+// After the tile counter in the workspace (workspace_ints, flash_params.h).
 __forceinline__ __device__ SegRange load_seg_range(FlashFwdParams const& p, int own_len, int b, int chunk) {
   int4 const r = reinterpret_cast<int4 const*>(p.tile_counter + 4)[int64_t(b) * seg_chunks(own_len) + chunk];
   return {r.x, r.y, r.z, r.w};
@@ -98,6 +98,15 @@ inline cudaError_t compute_segment_ranges(SegSides const& s, int batch, cudaStre
   static_assert(kThreads >= kSegChunkRows, "one thread per chunk row");
   segment_ranges_kernel<kThreads><<<dim3(unsigned(seg_chunks(s.own_len)), unsigned(batch)), kThreads, 0, stream>>>(s);
   return cudaGetLastError();
+}
+
+// [full_lo, full_hi) narrowed to the other side's indices that every row of one side's chunk
+// sees by segment (a chunk past own_len, as the padding rows of a tile: none).
+__forceinline__ __device__ void narrow_full_to_segment(FlashFwdParams const& p, int own_len, int b, int chunk,
+                                                       int& full_lo, int& full_hi) {
+  SegRange const r = chunk < int(seg_chunks(own_len)) ? load_seg_range(p, own_len, b, chunk) : SegRange{0, 0, 0, 0};
+  full_lo = max(full_lo, r.full_lo);
+  full_hi = min(full_hi, r.full_hi);
 }
 
 // The union [lo, hi) of the visible ranges of one side's chunks [c0, c0 + n) (those that
