@@ -36,11 +36,11 @@ def rand_mask(key, shape, p=0.8):
 # ------------------------------------------------------------- against the float64 reference
 
 
-def check_case(B, T, S, N, K, H, dtype, ours, ref, bias_shape=None, seed=0):
+def check_case(B, T, S, N, K, H, dtype, ours, ref, bias_shape=None, seed=0, bias_dtype=F32):
     """ours/ref: (q, k, v, bias) -> (out [B,T,N,H], lse [B,N,T]); ref also takes compute_dtype.
     FlashAttention's rule (2x the naive error) on out, dq, dk, dv and dbias."""
     q, k, v = random_qkv(seed, B, T, S, N, K, H, dtype)
-    bias = None if bias_shape is None else rand_bias(seed + 1, bias_shape)
+    bias = None if bias_shape is None else rand_bias(seed + 1, bias_shape, bias_dtype)
     do = jax.random.normal(jax.random.key(seed + 2), q.shape, F32).astype(dtype)
     wb = bias is not None
     o, lse, g = vjp_fn(ours, wb)(q, k, v, bias, do)

@@ -230,6 +230,32 @@ def test_gpu_bias_with_zero_scale(dtype):
     check_case(B, T, S, N, K, H, dtype, dropin(scale=0.0), ref_of(scale=0.0), bias_shape=(1, N, T, S), seed=5)
 
 
+# name -> (causal, softcap, bias (shape, dtype) or None, mask shape or None); T = 300, S = 510
+EVEN_KEY_CASES = {
+    "bias_f32": (False, None, ((2, 4, 300, 510), jnp.float32), None),
+    "bias_bf16_causal": (True, None, ((1, 4, 300, 510), jnp.bfloat16), None),
+    "bias_f16_softcap": (False, 6.0, ((2, 1, 300, 510), jnp.float16), None),
+    "mask": (False, None, None, (2, 4, 300, 510)),
+    "mask_causal_with_bias": (True, None, ((2, 4, 300, 510), jnp.float32), (2, 1, 300, 510)),
+}
+
+
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("case", list(EVEN_KEY_CASES))
+@pytest.mark.parametrize("H", [64, 128, 256])
+def test_gpu_dense_even_keys(H, case, dtype):
+    """An even key count (510: the last 64-key block holds 62) with contiguous bias / mask rows:
+    the Hopper forward reads two neighbouring keys' words in one load (dense.h, dense_pairs_ok)
+    and clamps the last pair to keys 508-509. EXTRA_SHAPES have odd key counts (one word per
+    load)."""
+    B, T, S, N, K = 2, 300, 510, 4, 2
+    causal, softcap, bias, mask_shape = EVEN_KEY_CASES[case]
+    mask = None if mask_shape is None else rand_mask(40 + H, mask_shape)
+    check_case(B, T, S, N, K, H, dtype, dropin(is_causal=causal, softcap=softcap, mask=mask),
+               ref_of(causal=causal, softcap=softcap, mask=mask), bias_shape=bias and bias[0],
+               bias_dtype=bias[1] if bias else jnp.float32, seed=H + len(case))
+
+
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("segments", [3, 40])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

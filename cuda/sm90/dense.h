@@ -22,8 +22,18 @@ struct DenseRows {
   DType bias_dtype;
   float bias_mult;            // the accumulator is in units of 1 / scale (1 / softcap with softcap)
   int seqlen_k;
+  bool pairs;                 // two neighbouring keys' words in one load (dense_pairs_ok)
   __device__ bool has_bias() const { return bias_row[0] != nullptr; }
 };
+
+// Whether a row's words of keys j and j + 1 (j even) can come in one load for every row of this
+// (batch, head): contiguous keys, each row's start aligned to two elements, and an even seqlen_k
+// (so the last pair, clamped to seqlen_k - 2, stays aligned). Uniform across the tile.
+__forceinline__ __device__ bool dense_pairs_ok(void const* base, int64_t row_stride, int64_t col_stride,
+                                               int elem_bytes, int seqlen_k) {
+  return col_stride == 1 && row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(base) % (2 * elem_bytes) == 0 &&
+         seqlen_k % 2 == 0 && seqlen_k >= 2;
+}
 
 // rows: the thread's two accumulator rows (clamped to seqlen_q - 1: rows past it are not stored).
 __forceinline__ __device__ DenseRows make_dense_rows(FlashFwdParams const& p, int b, int h, int const (&rows)[2],
@@ -41,6 +51,9 @@ __forceinline__ __device__ DenseRows make_dense_rows(FlashFwdParams const& p, in
   d.bias_dtype = bias.dtype;
   d.bias_mult = 1.f / (softcap ? p.softcap : p.scale);
   d.seqlen_k = p.seqlen_k;
+  // Without a bias the words are mask bytes; with one, the mask is read at use (one at a time).
+  d.pairs = bias.ptr ? dense_pairs_ok(bias.ptr, bias.row_stride, bias.col_stride, elem_bytes, p.seqlen_k)
+                     : em.mask && dense_pairs_ok(em.mask, em.mask_row_stride, em.mask_col_stride, 1, p.seqlen_k);
   return d;
 }
 
@@ -52,12 +65,12 @@ struct DenseWords {
   uint32_t w[2][kCols];
 };
 
-// The key index of accumulator column k of a block starting at n0 (clamped: keys past seqlen_k
-// are masked already). Columns are the thread's base column plus compile-time offsets.
+// The key index of accumulator column k of a block starting at n0, clamped to last (keys past
+// seqlen_k are masked already). Columns are the thread's base column plus compile-time offsets.
 template <class TC>
-__forceinline__ __device__ int dense_col(TC const& c, DenseRows const& d, int n0, int k) {
+__forceinline__ __device__ int dense_col(TC const& c, int n0, int k, int last) {
   int const dj = int(get<1>(c.layout()(0, k))) - int(get<1>(c.layout()(0, 0)));
-  return min(n0 + int(get<1>(c(0, 0))) + dj, d.seqlen_k - 1);
+  return min(n0 + int(get<1>(c(0, 0))) + dj, last);
 }
 
 // What a word holds; one loop per kind (no per-element branch on it).
@@ -76,13 +89,54 @@ __forceinline__ __device__ uint32_t load_dense_word(DenseRows const& d, int r, i
   else return __ldg(static_cast<uint16_t const*>(d.bias_row[r]) + j * d.bias_col_stride);
 }
 
-template <DenseKind kKind, class TC, int kCols>
+// The words of keys j and j + 1 (j even; d.pairs) in one load of 2, 4 or 8 bytes.
+template <DenseKind kKind>
+__forceinline__ __device__ void load_dense_pair(DenseRows const& d, int r, int64_t j, uint32_t& w0, uint32_t& w1) {
+  if constexpr (kKind == DenseKind::kMask) {
+    uint32_t const v = __ldg(reinterpret_cast<uint16_t const*>(d.elem[r].mask) + j / 2);
+    w0 = v & 0xffu;
+    w1 = v >> 8;
+  } else if constexpr (kKind == DenseKind::kBiasF32) {
+    uint2 const v = __ldg(static_cast<uint2 const*>(d.bias_row[r]) + j / 2);
+    w0 = v.x;
+    w1 = v.y;
+  } else {
+    uint32_t const v = __ldg(static_cast<uint32_t const*>(d.bias_row[r]) + j / 2);
+    w0 = v & 0xffffu;
+    w1 = v >> 16;
+  }
+}
+
+// Pairs rely on the wgmma accumulator layout: a thread's columns come in neighbouring pairs
+// (2i, 2i + 1) at even offsets from its base column, which is even.
+template <DenseKind kKind, bool kPairs, class TC, int kCols>
 __forceinline__ __device__ void load_dense_words_as(DenseWords<kCols>& dw, TC const& c, DenseRows const& d, int n0) {
-  CUTLASS_PRAGMA_UNROLL
-  for (int k = 0; k < kCols; ++k) {
-    int64_t const j = dense_col(c, d, n0, k);
+  if constexpr (kPairs) {
+    static_assert(kCols % 2 == 0, "columns come in pairs");
     CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < 2; ++r) dw.w[r][k] = load_dense_word<kKind>(d, r, j);
+    for (int k = 0; k < kCols; k += 2) {
+      int64_t const j = dense_col(c, n0, k, d.seqlen_k - 2);  // the last pair's first key
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) load_dense_pair<kKind>(d, r, j, dw.w[r][k], dw.w[r][k + 1]);
+    }
+  } else {
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < kCols; ++k) {
+      int64_t const j = dense_col(c, n0, k, d.seqlen_k - 1);
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) dw.w[r][k] = load_dense_word<kKind>(d, r, j);
+    }
+  }
+}
+
+template <bool kPairs, class TC, int kCols>
+__forceinline__ __device__ void load_dense_words_paired(DenseWords<kCols>& dw, TC const& c, DenseRows const& d,
+                                                        int n0) {
+  switch (dense_kind(d)) {
+    case DenseKind::kMask: load_dense_words_as<DenseKind::kMask, kPairs>(dw, c, d, n0); break;
+    case DenseKind::kBiasF32: load_dense_words_as<DenseKind::kBiasF32, kPairs>(dw, c, d, n0); break;
+    case DenseKind::kBiasBF16: load_dense_words_as<DenseKind::kBiasBF16, kPairs>(dw, c, d, n0); break;
+    case DenseKind::kBiasF16: load_dense_words_as<DenseKind::kBiasF16, kPairs>(dw, c, d, n0); break;
   }
 }
 
@@ -90,19 +144,15 @@ __forceinline__ __device__ void load_dense_words_as(DenseWords<kCols>& dw, TC co
 // wait, so they land under it).
 template <class TC, int kCols>
 __forceinline__ __device__ void load_dense_words(DenseWords<kCols>& dw, TC const& c, DenseRows const& d, int n0) {
-  switch (dense_kind(d)) {
-    case DenseKind::kMask: load_dense_words_as<DenseKind::kMask>(dw, c, d, n0); break;
-    case DenseKind::kBiasF32: load_dense_words_as<DenseKind::kBiasF32>(dw, c, d, n0); break;
-    case DenseKind::kBiasBF16: load_dense_words_as<DenseKind::kBiasBF16>(dw, c, d, n0); break;
-    case DenseKind::kBiasF16: load_dense_words_as<DenseKind::kBiasF16>(dw, c, d, n0); break;
-  }
+  if (d.pairs) load_dense_words_paired<true>(dw, c, d, n0);
+  else load_dense_words_paired<false>(dw, c, d, n0);
 }
 
 template <DenseKind kKind, class TS, class TC, int kCols>
 __forceinline__ __device__ void apply_dense_cols(TS& s, TC const& c, DenseRows const& d, DenseWords<kCols> const& w, int n0) {
   CUTLASS_PRAGMA_UNROLL
   for (int k = 0; k < kCols; ++k) {
-    int64_t const j = dense_col(c, d, n0, k);
+    int64_t const j = dense_col(c, n0, k, d.seqlen_k - 1);
     int32_t const kv_id = d.elem[0].kv_seg ? __ldg(d.elem[0].kv_seg + j) : 0;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < 2; ++r) {
