@@ -230,30 +230,38 @@ def test_gpu_bias_with_zero_scale(dtype):
     check_case(B, T, S, N, K, H, dtype, dropin(scale=0.0), ref_of(scale=0.0), bias_shape=(1, N, T, S), seed=5)
 
 
-# name -> (causal, softcap, bias (shape, dtype) or None, mask shape or None); T = 300, S = 510
-EVEN_KEY_CASES = {
-    "bias_f32": (False, None, ((2, 4, 300, 510), jnp.float32), None),
-    "bias_bf16_causal": (True, None, ((1, 4, 300, 510), jnp.bfloat16), None),
-    "bias_f16_softcap": (False, 6.0, ((2, 1, 300, 510), jnp.float16), None),
-    "mask": (False, None, None, (2, 4, 300, 510)),
-    "mask_causal_with_bias": (True, None, ((2, 4, 300, 510), jnp.float32), (2, 1, 300, 510)),
+# name -> (causal, softcap, bias ([B, N, T] broadcast dims, dtype) or None, mask's or None,
+# segment ids); the key axis is always full.
+DENSE_LAYOUT_CASES = {
+    "bias_f32": (False, None, ((2, 4, 300), jnp.float32), None, False),
+    "bias_bf16_causal": (True, None, ((1, 4, 300), jnp.bfloat16), None, False),
+    "bias_f16_softcap": (False, 6.0, ((2, 1, 300), jnp.float16), None, False),
+    "mask": (False, None, None, (2, 4, 300), False),
+    "mask_causal_with_bias": (True, None, ((2, 4, 300), jnp.float32), (2, 1, 300), False),
+    "mask_bias_segments": (False, None, ((1, 4, 300), jnp.bfloat16), (1, 1, 300), True),
 }
 
 
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("case", list(EVEN_KEY_CASES))
+@pytest.mark.parametrize("case", list(DENSE_LAYOUT_CASES))
+@pytest.mark.parametrize("S", [510, 528])
 @pytest.mark.parametrize("H", [64, 128, 256])
-def test_gpu_dense_even_keys(H, case, dtype):
-    """An even key count (510: the last 64-key block holds 62) with contiguous bias / mask rows:
-    the Hopper forward reads two neighbouring keys' words in one load (dense.h, dense_pairs_ok)
-    and clamps the last pair to keys 508-509. EXTRA_SHAPES have odd key counts (one word per
-    load)."""
-    B, T, S, N, K = 2, 300, 510, 4, 2
-    causal, softcap, bias, mask_shape = EVEN_KEY_CASES[case]
-    mask = None if mask_shape is None else rand_mask(40 + H, mask_shape)
-    check_case(B, T, S, N, K, H, dtype, dropin(is_causal=causal, softcap=softcap, mask=mask),
-               ref_of(causal=causal, softcap=softcap, mask=mask), bias_shape=bias and bias[0],
-               bias_dtype=bias[1] if bias else jnp.float32, seed=H + len(case))
+def test_gpu_dense_layouts(H, S, case, dtype):
+    """Bias / mask with contiguous keys and an even key count: the Hopper forward's two faster
+    ways to read them. S = 528 (rows 16-byte multiples): at H <= 128 the producer copies each
+    key block's bias / mask tiles into smem by TMA (dense_tma.h), broadcast heads / batch
+    included; the last of the 64-key blocks holds 16 keys and rows past T = 300 read as zeros.
+    S = 510 (and H = 256): the element-wise loads, two neighbouring keys per load
+    (dense_pairs_ok), the last pair clamped to keys 508-509. EXTRA_SHAPES have odd key counts."""
+    B, T, N, K = 2, 300, 4, 2
+    causal, softcap, bias, mask_bnt, segments = DENSE_LAYOUT_CASES[case]
+    mask = None if mask_bnt is None else rand_mask(40 + H, (*mask_bnt, S))
+    ids = dict(query_segment_ids=packed_ids(9, B, T, 3), key_value_segment_ids=packed_ids(10, B, S, 3)) if segments else {}
+    ref_ids = dict(q_segment_ids=ids["query_segment_ids"], kv_segment_ids=ids["key_value_segment_ids"]) if ids else {}
+    check_case(B, T, S, N, K, H, dtype, dropin(is_causal=causal, softcap=softcap, mask=mask, **ids),
+               ref_of(causal=causal, softcap=softcap, mask=mask, **ref_ids),
+               bias_shape=bias and (*bias[0], S), bias_dtype=bias[1] if bias else jnp.float32,
+               seed=H + S + len(case))
 
 
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)

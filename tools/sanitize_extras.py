@@ -1,10 +1,13 @@
 """The Hopper kernels that take optional inputs (segment ids: forward and backward; bias / mask:
-forward) on small shapes, for compute-sanitizer on the GPU machine (the harnesses of
+forward; S = 336 takes the TMA-staged bias / mask tiles at H <= 128) on small shapes, for compute-sanitizer on the GPU machine (the harnesses of
 tools/sanitize.sh run the plain kernels only). Checks only jax_flash's kernels:
   compute-sanitizer --tool memcheck --error-exitcode 99 --kernel-name kns=jax_flash \
       python3 tools/sanitize_extras.py
   (racecheck likewise; each case's output is also compared with the portable kernels')
+  --only=TEXT runs the cases whose label contains TEXT (e.g. --only=TMA).
 """
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +15,12 @@ import numpy as np
 import jax_flash
 
 
+ONLY = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--only=")), "")
+
+
 def case(H, T, S, causal, kw, label):
+    if ONLY not in label:
+        return
     ks = jax.random.split(jax.random.key(H + T + S), 3)
     q = jax.random.normal(ks[0], (2, T, 2, H), jnp.bfloat16)
     k, v = (jax.random.normal(kk, (2, S, 1, H), jnp.bfloat16) for kk in ks[1:])
@@ -44,3 +52,8 @@ for H in (64, 128, 256):
     case(H, T, S, False, dict(bias=bias), "bias f32 [1,N,T,S]")
     case(H, T, S, True, dict(bias=bias.astype(jnp.bfloat16), mask=mask), "bias bf16 + mask")
     case(H, T, S, False, dict(mask=mask, query_segment_ids=qseg, key_value_segment_ids=kseg), "mask + segments")
+    S2 = 336  # rows of 16-byte multiples: the bias / mask tiles come by TMA (dense_tma.h) at H <= 128
+    bias2 = jax.random.normal(jax.random.key(9), (1, 2, T, S2), jnp.float32)
+    mask2 = jax.random.bernoulli(jax.random.key(10), 0.7, (2, 1, T, S2))
+    case(H, T, S2, False, dict(bias=bias2), "TMA tiles: bias f32 [1,N,T,S]")
+    case(H, T, S2, True, dict(bias=bias2.astype(jnp.bfloat16), mask=mask2), "TMA tiles: bias bf16 + mask")

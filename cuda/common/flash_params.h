@@ -149,12 +149,32 @@ JF_HOST_DEVICE bool hopper_fwd_takes_extras(const FlashFwdParams& p) {
   return p.dropout_keys == nullptr && bias_ok && (p.q_segment_ids == nullptr || p.tile_counter != nullptr);
 }
 
+// Whether one [B, N, T, S]-broadcast operand (strides in elements) can be copied tile by tile by
+// TMA: keys contiguous, rows neither broadcast nor misaligned (16-byte multiples), 16-byte base.
+JF_HOST_DEVICE bool dense_operand_tma_ok(const void* base, int elem_bytes, int64_t batch_stride, int64_t head_stride,
+                                         int64_t row_stride, int64_t col_stride) {
+  auto ok16 = [&](int64_t s) { return s >= 0 && (s * elem_bytes) % 16 == 0 && s * elem_bytes < (int64_t(1) << 40); };
+  return (reinterpret_cast<uintptr_t>(base) & 15) == 0 && col_stride == 1 && row_stride > 0 && ok16(row_stride) &&
+         ok16(head_stride) && ok16(batch_stride);
+}
+
+// The Hopper forward stages bias / mask tiles in smem by TMA (cuda/sm90/dense_tma.h) at head dims
+// <= 128 when every one given allows it; otherwise its Dense kernels load them element-wise.
+JF_HOST_DEVICE bool dense_tiles_by_tma(const FlashFwdParams& p) {
+  if (p.head_dim > 128 || (p.bias == nullptr && p.mask == nullptr)) return false;
+  int const bias_bytes = p.bias_dtype == DType::kFloat32 ? 4 : 2;
+  return (p.bias == nullptr || dense_operand_tma_ok(p.bias, bias_bytes, p.bias_batch_stride, p.bias_head_stride,
+                                                    p.bias_row_stride, p.bias_col_stride)) &&
+         (p.mask == nullptr ||
+          dense_operand_tma_ok(p.mask, 1, p.mask_batch_stride, p.mask_head_stride, p.mask_row_stride, p.mask_col_stride));
+}
+
 // kernel='auto' on Hopper: where the Hopper forward runs a call it takes. A bias at head dims
-// <= 64 stays on the portable forward, which is faster there (session 16, S=8192 f32 bias
-// [1,1,T,S]: Hopper 0.60-0.69x the portable forward at H=64; 1.13-1.49x at H=128, 1.35x at 256;
-// a mask 1.32-3.23x everywhere; cuda/sm90/NOTES.md v47b).
+// <= 64 loaded element-wise stays on the portable forward, which is faster there (session 16,
+// S=8192 f32 bias [1,1,T,S]: Hopper 0.60-0.69x the portable forward at H=64; 1.13-1.49x at H=128,
+// 1.35x at 256; a mask 1.32-3.23x everywhere; cuda/sm90/NOTES.md v47b).
 JF_HOST_DEVICE bool hopper_fwd_preferred(const FlashFwdParams& p) {
-  return hopper_fwd_takes_extras(p) && (p.bias == nullptr || p.head_dim > 64);
+  return hopper_fwd_takes_extras(p) && (p.bias == nullptr || p.head_dim > 64 || dense_tiles_by_tma(p));
 }
 
 // The sm90 kernels' int32 workspace (tile_counter): the tile counter, and with segment ids,

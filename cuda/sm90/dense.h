@@ -10,6 +10,7 @@
 #include "../common/dtype.h"
 #include "../common/flash_params.h"
 #include "../common/mask.h"
+#include "dense_tma.h"
 #include "utils.h"
 
 namespace jax_flash::sm90 {
@@ -142,10 +143,29 @@ __forceinline__ __device__ void load_dense_words_paired(DenseWords<kCols>& dw, T
 
 // Issue the loads of the block at n0 (no use of them here: the caller consumes them after a GEMM
 // wait, so they land under it).
+// Pairs in 64-key blocks only: with 128 (H = 64) both loops spilled 116-172 B (ptxas).
 template <class TC, int kCols>
 __forceinline__ __device__ void load_dense_words(DenseWords<kCols>& dw, TC const& c, DenseRows const& d, int n0) {
-  if (d.pairs) load_dense_words_paired<true>(dw, c, d, n0);
-  else load_dense_words_paired<false>(dw, c, d, n0);
+  if constexpr (kCols <= 16) {
+    if (d.pairs) {
+      load_dense_words_paired<true>(dw, c, d, n0);
+      return;
+    }
+  }
+  load_dense_words_paired<false>(dw, c, d, n0);
+}
+
+template <DenseKind kKind>
+__forceinline__ __device__ float dense_bias_addend(uint32_t x, float mult) {
+  float const bias = kKind == DenseKind::kBiasF32    ? float_from_bits(x)
+                     : kKind == DenseKind::kBiasBF16 ? bf16_to_float(uint16_t(x))
+                                                     : fp16_to_float(uint16_t(x));
+  return bias * mult;
+}
+
+// -inf from the interval rule stays -inf whatever the bias (no -inf + inf).
+__forceinline__ __device__ float dense_logit(float s, bool visible, float add) {
+  return visible && s != -INFINITY ? s + add : -INFINITY;
 }
 
 template <DenseKind kKind, class TS, class TC, int kCols>
@@ -163,15 +183,66 @@ __forceinline__ __device__ void apply_dense_cols(TS& s, TC const& c, DenseRows c
         add = 0.f;
       } else {
         visible = d.elem[r].mask == nullptr || __ldg(d.elem[r].mask + j * d.elem[r].mask_col_stride) != 0;
-        uint32_t const x = w.w[r][k];
-        float const bias = kKind == DenseKind::kBiasF32 ? float_from_bits(x)
-                           : kKind == DenseKind::kBiasBF16 ? bf16_to_float(uint16_t(x)) : fp16_to_float(uint16_t(x));
-        add = bias * d.bias_mult;
+        add = dense_bias_addend<kKind>(w.w[r][k], d.bias_mult);
       }
       if (d.elem[r].kv_seg) visible = visible && kv_id == d.elem[r].seg;
-      // -inf from the interval rule stays -inf whatever the bias (no -inf + inf).
-      s(r, k) = visible && s(r, k) != -INFINITY ? s(r, k) + add : -INFINITY;
+      s(r, k) = dense_logit(s(r, k), visible, add);
     }
+  }
+}
+
+// The same from the block's tiles in smem (dense_tma.h): a pair of neighbouring keys per read.
+template <DenseKind kKind, int kBlockM, class TS, class TC>
+__forceinline__ __device__ void apply_dense_smem_cols(TS& s, TC const& c, DenseRows const& d, uint8_t const* stage,
+                                                      int n0) {
+  constexpr int kCols = decltype(size<1>(s))::value;
+  static_assert(kCols % 2 == 0, "columns come in pairs");
+  bool const has_mask = kKind == DenseKind::kMask || d.elem[0].mask != nullptr;
+  uint8_t const* mask_tile = stage + DenseTmaStage<kBlockM>::kBiasBytes;
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < kCols; k += 2) {
+    int const key = int(get<1>(c(0, k)));  // in the tile; key + 1 is column k + 1 (wgmma layout)
+    int32_t kv_id[2] = {0, 0};
+    if (d.elem[0].kv_seg) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < 2; ++i) kv_id[i] = __ldg(d.elem[0].kv_seg + min(n0 + key + i, d.seqlen_k - 1));
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      int const row = int(get<0>(c(r, 0)));
+      bool visible[2] = {true, true};
+      float add[2] = {0.f, 0.f};
+      if (has_mask) {
+        uint32_t const m = *reinterpret_cast<uint16_t const*>(mask_tile + dense_tile_offset<kBlockM, 1>(row, key));
+        visible[0] = (m & 0xffu) != 0;
+        visible[1] = (m >> 8) != 0;
+      }
+      if constexpr (kKind == DenseKind::kBiasF32) {
+        uint2 const v = *reinterpret_cast<uint2 const*>(stage + dense_tile_offset<kBlockM, 4>(row, key));
+        add[0] = dense_bias_addend<kKind>(v.x, d.bias_mult);
+        add[1] = dense_bias_addend<kKind>(v.y, d.bias_mult);
+      } else if constexpr (kKind != DenseKind::kMask) {
+        uint32_t const v = *reinterpret_cast<uint32_t const*>(stage + dense_tile_offset<kBlockM, 2>(row, key));
+        add[0] = dense_bias_addend<kKind>(v & 0xffffu, d.bias_mult);
+        add[1] = dense_bias_addend<kKind>(v >> 16, d.bias_mult);
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        if (d.elem[r].kv_seg) visible[i] = visible[i] && kv_id[i] == d.elem[r].seg;
+        s(r, k + i) = dense_logit(s(r, k + i), visible[i], add[i]);
+      }
+    }
+  }
+}
+
+template <int kBlockM, class TS, class TC>
+__forceinline__ __device__ void apply_dense_smem_tile(TS& s, TC const& c, DenseRows const& d, uint8_t const* stage,
+                                                      int n0) {
+  switch (dense_kind(d)) {
+    case DenseKind::kMask: apply_dense_smem_cols<DenseKind::kMask, kBlockM>(s, c, d, stage, n0); break;
+    case DenseKind::kBiasF32: apply_dense_smem_cols<DenseKind::kBiasF32, kBlockM>(s, c, d, stage, n0); break;
+    case DenseKind::kBiasBF16: apply_dense_smem_cols<DenseKind::kBiasBF16, kBlockM>(s, c, d, stage, n0); break;
+    case DenseKind::kBiasF16: apply_dense_smem_cols<DenseKind::kBiasF16, kBlockM>(s, c, d, stage, n0); break;
   }
 }
 

@@ -46,6 +46,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
   typename T::Pipeline pipe_k(ss.pipe_k, pp, Shape<_1, _1, _1>{});
   pp.transaction_bytes = T::kBytesV;
   typename T::Pipeline pipe_v(ss.pipe_v, pp, Shape<_1, _1, _1>{});
+  // The bias / mask tiles of a key block (kDenseTma): their own stages, released after use.
+  auto pipe_dense = [&] {
+    if constexpr (T::kDenseTma) {
+      pp.transaction_bytes = kp.dense.stage_tx_bytes;
+      return typename T::Pipeline(ss.dense.pipe, pp, Shape<_1, _1, _1>{});
+    } else {
+      return NoDenseTma{};
+    }
+  }();
   __syncthreads();
 
   if (warp_group == 0) {
@@ -75,7 +84,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
             if (q_loaded) q_empty_sync<T>();
             ptl.mark(kProdQIssue);
             q_loaded = true;
-            if (leader) producer_load<T>(kp, ss, pipe_k, pipe_v, wr, tc.m_block, tc.h, tc.b, n_min, n_max, ptl);
+            if (leader) producer_load<T>(kp, ss, pipe_k, pipe_v, pipe_dense, wr, tc.m_block, tc.h, tc.b, n_min, n_max, ptl);
             __syncwarp();
             ptl.mark(kProdAllIssued);
             ptl.end_tile();
@@ -101,6 +110,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
       if (leader) {
         pipe_k.producer_tail(wr);
         pipe_v.producer_tail(wr);
+        if constexpr (T::kDenseTma) pipe_dense.producer_tail(wr);
       }
     }
   } else {
@@ -135,7 +145,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
       softmax.scale_log2 = Softcap ? p.softcap * log2e : p.scale * log2e;
       float inv[2], lse[2];
       if (n_max > n_min) {
-        consumer_mma<T, Softcap, Segments, Dense>(kp, ss, pipe_k, pipe_v, rd, msk, tc.b, tc.h, tc.m_block, n_min, n_max, tOrO, softmax, tidx, q_phase, ttl);
+        consumer_mma<T, Softcap, Segments, Dense>(kp, ss, pipe_k, pipe_v, pipe_dense, rd, msk, tc.b, tc.h, tc.m_block, n_min, n_max, tOrO, softmax, tidx, q_phase, ttl);
         q_phase ^= 1;
         softmax.finalize(inv, lse);
       } else {

@@ -74,6 +74,10 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   kp.scale_log2 = Softcap ? p.softcap * log2e : p.scale * log2e;
   kp.softcap_mult = Softcap ? p.scale / p.softcap : 0.f;
   kp.timeline = fwd_timeline_buffer();
+  if constexpr (T::kDenseTma) {
+    cudaError_t const e = make_dense_tma<T::kBlockM>(p, &kp.dense);
+    if (e != cudaSuccess) return e;
+  }
   int const m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
   int64_t tiles = int64_t(m_blocks) * p.heads_q * p.batch;
   if (tiles <= 0) return cudaSuccess;
@@ -133,9 +137,19 @@ template <int kHeadDim, class Element>
 cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
   using C = TileConfig<kHeadDim>;
   if (p.bias || p.mask) {
-    // Bias / mask (segment ids with them: checked at run time): the Dense kernels load a key
-    // block's words a block ahead (dense.h), which fits the consumers' registers with 64-key
-    // blocks at H >= 128.
+    // Bias / mask (segment ids with them: checked at run time). Where TMA can copy them, the
+    // producer stages each key block's bias / mask tiles in smem (dense_tma.h; 64-key blocks,
+    // H <= 128: at H = 256 the tiles do not fit beside Q, K / V and O).
+    if constexpr (kHeadDim <= 128) {
+      if (dense_tiles_by_tma(p)) {
+        using T = FwdTraits<kHeadDim, C::M, kDenseTmaKeys, C::Stages, Element, C::SoftmaxChains, C::PolyEvery,
+                            C::SchedArrive, true>;
+        if (p.softcap > 0.f) return launch_fwd<T, true, false, true>(p, stream);
+        return launch_fwd<T, false, false, true>(p, stream);
+      }
+    }
+    // Otherwise the Dense kernels load a key block's words a block ahead (dense.h), which fits
+    // the consumers' registers with 64-key blocks at H >= 128.
     using T = FwdTraits<kHeadDim, C::M, kHeadDim >= 128 ? 64 : C::N, C::Stages, Element, C::SoftmaxChains, C::PolyEvery,
                         C::SchedArrive>;
     if (p.softcap > 0.f) return launch_fwd<T, true, false, true>(p, stream);

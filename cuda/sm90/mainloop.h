@@ -10,10 +10,10 @@
 namespace jax_flash::sm90 {
 
 // Runs on one elected thread of the producer warpgroup.
-template <class Traits>
+template <class Traits, class DensePipe>
 __forceinline__ __device__ void producer_load(KernelParams<Traits> const& kp, typename Traits::SharedStorage& ss,
                                               typename Traits::Pipeline& pipe_k, typename Traits::Pipeline& pipe_v,
-                                              typename Traits::PipelineState& wr, int m_block, int h, int b,
+                                              DensePipe& pipe_dense, typename Traits::PipelineState& wr, int m_block, int h, int b,
                                               int n_min, int n_max, ProducerTimeline& ptl) {
   using T = Traits;
   FlashFwdParams const& p = kp.p;
@@ -48,6 +48,12 @@ __forceinline__ __device__ void producer_load(KernelParams<Traits> const& kp, ty
   for (int n = n_max - 1; n >= n_min; --n) {
     pipe_k.producer_acquire(wr);
     copy(kp.tma_k.with(*pipe_k.producer_get_barrier(wr), 0, TMA::CacheHintSm90::EVICT_LAST), tKg(_, n), tKs(_, wr.index()));
+    if constexpr (T::kDenseTma) {  // used with S(n), so right after K(n)
+      pipe_dense.producer_acquire(wr);
+      issue_dense_tma<T::kBlockM>(kp.dense, pipe_dense.producer_get_barrier(wr),
+                                  ss.dense.tiles.data() + wr.index() * DenseTmaStage<T::kBlockM>::kBytes,
+                                  n * T::kBlockN, m_block * T::kBlockM, h, b);
+    }
     pipe_v.producer_acquire(wr);
     copy(kp.tma_v.with(*pipe_v.producer_get_barrier(wr), 0, TMA::CacheHintSm90::EVICT_LAST), tVg(_, n), tVs(_, wr.index()));
     if (n == n_max - 1) ptl.mark(kProdFirstKV);
@@ -94,10 +100,10 @@ __forceinline__ __device__ void consumer_wait(Pipe& pipe, State& st) {
 
 // Consumer mainloop for one tile. Leaves the unnormalised O in tOrO; returns 1/rowsum and
 // LSE per owned row.
-template <class Traits, bool Softcap, bool Segments, bool Dense, class TO, class Softmax>
+template <class Traits, bool Softcap, bool Segments, bool Dense, class DensePipe, class TO, class Softmax>
 __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typename Traits::SharedStorage& ss,
                                              typename Traits::Pipeline& pipe_k, typename Traits::Pipeline& pipe_v,
-                                             typename Traits::PipelineState& rd, SeqMask const& msk, int b, int h, int m_block,
+                                             DensePipe& pipe_dense, typename Traits::PipelineState& rd, SeqMask const& msk, int b, int h, int m_block,
                                              int n_min, int n_max, TO& tOrO, Softmax& softmax, int tidx, int q_phase,
                                              TileTimeline& ttl) {
   using T = Traits;
@@ -168,7 +174,14 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
     } else {
       mask_tile(s_rc, cS_rc, msk, m0, n0);
       if constexpr (Segments) mask_tile_segments(s_rc, cS_rc, seg, n0);
-      if constexpr (Dense) apply_dense_tile(s_rc, cS_rc, dense, dense_words, n0);
+      if constexpr (T::kDenseTma) {  // rd: this block's stage (K's)
+        consumer_wait(pipe_dense, rd);
+        apply_dense_smem_tile<kBlockM>(s_rc, cS_rc, dense,
+                                       ss.dense.tiles.data() + rd.index() * DenseTmaStage<kBlockM>::kBytes, n0);
+        pipe_dense.consumer_release(rd);
+      } else if constexpr (Dense) {
+        apply_dense_tile(s_rc, cS_rc, dense, dense_words, n0);
+      }
       softmax.template step<Is_first, true>(s_rc, rescale, hook);
     }
   };
@@ -179,7 +192,7 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
   StepTimeline tl;
   tl.init(kp.timeline, wg, blockIdx.x == 0 && tidx % 128 == 0);
   int n_block = n_max - 1;
-  if constexpr (Dense) load_dense_words(dense_words, cS_rc, dense, n_block * kBlockN);
+  if constexpr (Dense && !T::kDenseTma) load_dense_words(dense_words, cS_rc, dense, n_block * kBlockN);
   ss.barrier_q.wait(q_phase);
   ttl.mark(kTileQReady);
   {
@@ -208,7 +221,7 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
     ++rd;
     Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename T::TileShapeQK{}));
     tl.mark(StepTimeline::kStart);
-    if constexpr (Dense) load_dense_words(dense_words, cS_rc, dense, n_block * kBlockN);
+    if constexpr (Dense && !T::kDenseTma) load_dense_words(dense_words, cS_rc, dense, n_block * kBlockN);
     consumer_wait(pipe_k, rd);
     sched_sync<T::kMmaWGs>(wg);
     tl.mark(StepTimeline::kIssueQK);

@@ -9,14 +9,24 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "../common/flash_params.h"
+#include "dense_tma.h"
 #include "scheduler.h"
 #include "timeline.h"
 
 namespace jax_flash::sm90 {
 using namespace cute;
 
+// The smem a Dense kernel with TMA-staged bias / mask tiles needs per K / V stage (dense_tma.h).
+struct NoDenseTma {};
+template <int kBytesPerStage, int kStages, class Pipeline>
+struct DenseTmaStorage {
+  cute::array_aligned<uint8_t, kBytesPerStage * kStages, 1024> tiles;
+  alignas(16) typename Pipeline::SharedStorage pipe;
+};
+
+// kDenseTma: a Dense kernel whose producer stages the bias / mask tiles in smem by TMA.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_, int kSoftmaxChains_ = 1,
-          int kPolyEvery_ = 0, int kSchedArrive_ = 0>
+          int kPolyEvery_ = 0, int kSchedArrive_ = 0, bool kDenseTma_ = false>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kSoftmaxChains = kSoftmaxChains_;  // OnlineSoftmax's kChains
@@ -29,6 +39,8 @@ struct FwdTraits {
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
+  static constexpr bool kDenseTma = kDenseTma_;
+  static_assert(!kDenseTma || kBlockN == kDenseTmaKeys, "the TMA bias / mask tiles are 64 keys wide");
   // Accumulator columns per thread of an S tile (two rows each).
   static constexpr int kAccCols = kBlockN / 4;
   // One consumer warpgroup per 64 query rows; warpgroup 0 is the TMA producer.
@@ -105,6 +117,8 @@ struct FwdTraits {
     alignas(16) typename Pipeline::SharedStorage pipe_k;
     alignas(16) typename Pipeline::SharedStorage pipe_v;
     int next_tile;  // dynamic schedule: producer -> consumers hand-off (scheduler.h)
+    // Last, so the other kernels' smem offsets do not depend on it.
+    std::conditional_t<kDenseTma, DenseTmaStorage<DenseTmaStage<kBlockM>::kBytes, kStages, Pipeline>, NoDenseTma> dense;
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   // An SM has 228 KB of smem, 1 KB of it reserved per resident CTA.
@@ -125,6 +139,7 @@ struct KernelParams {
   TileSchedule sched;  // (query block, q head, batch) tiles
   uint32_t* timeline;  // diagnostic builds only (timeline.h), else nullptr
   int* tile_counter;   // dynamic persistent schedule (scheduler.h), else nullptr: static snake
+  std::conditional_t<Traits::kDenseTma, DenseTmaDescs, NoDenseTma> dense;  // TMA of the bias / mask tiles
 };
 
 }  // namespace jax_flash::sm90

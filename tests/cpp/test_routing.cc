@@ -17,8 +17,8 @@ static void expect(bool got, bool want, const char* what) {
 
 int main() {
   static int32_t ids[4], counter[16];
-  static uint8_t mask[4];
-  static float bias[4];
+  alignas(16) static uint8_t mask[32];
+  alignas(16) static float bias[4];
   static uint32_t keys[2];
   auto fwd = [](int head_dim) {
     FlashFwdParams p;
@@ -38,10 +38,34 @@ int main() {
     expect(hopper_fwd_preferred(p), true, "mask");
     p = fwd(h), p.bias = bias;
     expect(hopper_fwd_takes_extras(p), true, "bias: the Hopper forward can run it");
-    // ... but the portable forward is faster for it at head dims <= 64 (session 16).
+    // ... but the portable forward is faster for it at head dims <= 64 when the Hopper forward
+    // would load it element-wise (session 16; this bias is broadcast over rows and keys).
     expect(hopper_fwd_preferred(p), h > 64, "bias: where it runs");
     p.mask = mask;
     expect(hopper_fwd_preferred(p), h > 64, "bias and mask");
+    // Bias / mask tiles TMA can copy (keys contiguous, rows of 16-byte multiples, 16-byte base):
+    // the Hopper forward stages them in smem at head dims <= 128, and takes a bias at <= 64 too.
+    p = fwd(h), p.bias = bias, p.bias_row_stride = 64, p.bias_col_stride = 1, p.bias_head_stride = 64 * 300;
+    expect(dense_tiles_by_tma(p), h <= 128, "bias f32, rows of 256 B");
+    expect(hopper_fwd_preferred(p), true, "bias by TMA: where it runs");
+    p.bias_row_stride = 66;
+    expect(dense_tiles_by_tma(p), false, "bias f32, rows of 264 B");
+    p.bias_dtype = DType::kBFloat16, p.bias_row_stride = 72;
+    expect(dense_tiles_by_tma(p), h <= 128, "bias bf16, rows of 144 B");
+    p.bias_head_stride = 0, p.bias_batch_stride = 0;
+    expect(dense_tiles_by_tma(p), h <= 128, "bias broadcast over heads and batch");
+    p.bias_row_stride = 0;
+    expect(dense_tiles_by_tma(p), false, "bias broadcast over rows");
+    p.bias_row_stride = 72, p.bias_col_stride = 0;
+    expect(dense_tiles_by_tma(p), false, "bias broadcast over keys");
+    p = fwd(h), p.mask = mask, p.mask_row_stride = 528, p.mask_col_stride = 1;
+    expect(dense_tiles_by_tma(p), h <= 128, "mask, rows of 528 B");
+    p.mask = mask + 1;
+    expect(dense_tiles_by_tma(p), false, "mask, base not 16-byte aligned");
+    p.mask = mask, p.mask_row_stride = 510;
+    expect(dense_tiles_by_tma(p), false, "mask, rows of 510 B");
+    p.mask_row_stride = 528, p.bias = bias;  // both must be copyable (this bias: strides 0)
+    expect(dense_tiles_by_tma(p), false, "mask by TMA, bias not");
     // The Hopper forward adds bias / scale to the unscaled logits: no bias with scale 0 there.
     p = fwd(h), p.bias = bias, p.scale = 0.f;
     expect(hopper_fwd_takes_extras(p), false, "bias with scale 0");
