@@ -66,6 +66,14 @@ def test_gpu_features(feature, H, dtype, kernel):
     _case((2, 300, 450, 4, 2, H), feature, dtype, kernel)
 
 
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("feature", ["plain", "softcap", "lengths"])
+def test_gpu_wide_key_blocks(feature, dtype):
+    """H = 64 without a right bound and with >= 4096 keys: the Hopper forward's 128 x 192 tiles
+    (TileConfig<64>::LongN); 4099 keys leave a last block of 67."""
+    _case((1, 300, 4099, 2, 1, 64), feature, dtype, "auto")
+
+
 def test_gpu_matches_cpu_backend():
     """Same function on both backends (within bf16 rounding of the output)."""
     q, k, v = random_qkv(5, 2, 190, 211, 4, 2, 64, jnp.bfloat16)

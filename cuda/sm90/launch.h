@@ -39,17 +39,20 @@ struct TileConfig;
 // -10% (NOTES.md v36). Measured and dropped: H=128 on 64 x 64 tiles (-2% at 1k causal, v37);
 // H=64's 64-row tiles for every problem with a 3-stage ring (neutral, v38); H=64 192-row tiles
 // (three consumer WGs at 160 registers, as FA3: 52-80 B of spills, -29% to -36% non-causal, v42).
-// LongN / LongMinS: problems without a right bound (non-causal) and at least LongMinS keys take
-// M x LongN tiles instead (0 = never): fewer steps per tile, each with its fixed cost.
+// LongN / LongMinS: problems without a right bound (non-causal) and at least LongMinS keys, and
+// no segment ids, take M x LongN tiles instead (0 = never): fewer steps per tile, each with its
+// fixed cost. H=64 with 192 keys (harness, session 17, two passes, non-causal 1k / 4k / 16k):
+// 396 / 453 / 459 -> 367 / 473 / 509 TFLOP/s (-7%, +4.4%, +11%); 160 keys lost everywhere (348 /
+// 435 / 443). Its segment-id kernels spilled 16-196 B, hence not with segment ids.
 // JF_FWD_LONGN64 / JF_FWD_LONGMINS64 override H=64's for experiments.
 #ifndef JF_FWD_ARRIVE64
 #define JF_FWD_ARRIVE64 1
 #endif
 #ifndef JF_FWD_LONGN64
-#define JF_FWD_LONGN64 0
+#define JF_FWD_LONGN64 192
 #endif
 #ifndef JF_FWD_LONGMINS64
-#define JF_FWD_LONGMINS64 0
+#define JF_FWD_LONGMINS64 4096
 #endif
 template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalN = 128, ShortCausalMaxS = 4096, LongN = JF_FWD_LONGN64, LongMinS = JF_FWD_LONGMINS64; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
 template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 1, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, LongN = 0, LongMinS = 0; static constexpr int SchedArrive = 0; };
@@ -160,8 +163,11 @@ cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
       return run_fwd_tiles<kHeadDim, C::ShortCausalM, C::ShortCausalN, C::Stages, Element>(p, stream);
   }
   if constexpr (C::LongN > 0) {
-    if (p.window_right < 0 && p.seqlen_k >= C::LongMinS)
-      return run_fwd_tiles<kHeadDim, C::M, C::LongN, C::Stages, Element>(p, stream);
+    if (p.window_right < 0 && p.seqlen_k >= C::LongMinS && !p.q_segment_ids) {
+      using T = FwdTraits<kHeadDim, C::M, C::LongN, C::Stages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive>;
+      if (p.softcap > 0.f) return launch_fwd<T, true, false>(p, stream);
+      return launch_fwd<T, false, false>(p, stream);
+    }
   }
   return run_fwd_tiles<kHeadDim, C::M, C::N, C::Stages, Element>(p, stream);
 }
