@@ -149,6 +149,9 @@ JF_HOST_DEVICE bool hopper_fwd_takes_extras(const FlashFwdParams& p) {
   return p.dropout_keys == nullptr && bias_ok && (p.q_segment_ids == nullptr || p.tile_counter != nullptr);
 }
 
+// Bytes of one bias element: float32, or bfloat16 / float16.
+JF_HOST_DEVICE int bias_elem_bytes(const FlashFwdParams& p) { return p.bias_dtype == DType::kFloat32 ? 4 : 2; }
+
 // Whether one [B, N, T, S]-broadcast operand (strides in elements) can be copied tile by tile by
 // TMA: keys contiguous, rows neither broadcast nor misaligned (16-byte multiples), 16-byte base.
 JF_HOST_DEVICE bool dense_operand_tma_ok(const void* base, int elem_bytes, int64_t batch_stride, int64_t head_stride,
@@ -162,8 +165,7 @@ JF_HOST_DEVICE bool dense_operand_tma_ok(const void* base, int elem_bytes, int64
 // <= 128 when every one given allows it; otherwise its Dense kernels load them element-wise.
 JF_HOST_DEVICE bool dense_tiles_by_tma(const FlashFwdParams& p) {
   if (p.head_dim > 128 || (p.bias == nullptr && p.mask == nullptr)) return false;
-  int const bias_bytes = p.bias_dtype == DType::kFloat32 ? 4 : 2;
-  return (p.bias == nullptr || dense_operand_tma_ok(p.bias, bias_bytes, p.bias_batch_stride, p.bias_head_stride,
+  return (p.bias == nullptr || dense_operand_tma_ok(p.bias, bias_elem_bytes(p), p.bias_batch_stride, p.bias_head_stride,
                                                     p.bias_row_stride, p.bias_col_stride)) &&
          (p.mask == nullptr ||
           dense_operand_tma_ok(p.mask, 1, p.mask_batch_stride, p.mask_head_stride, p.mask_row_stride, p.mask_col_stride));

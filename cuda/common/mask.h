@@ -214,7 +214,7 @@ JF_HOST_DEVICE BiasView make_bias_view(const FlashFwdParams& p, int b, int h) {
   BiasView v;
   if (p.bias) {
     v.ptr = static_cast<const char*>(p.bias) +
-            bias_offset(p, b, h) * (p.bias_dtype == DType::kFloat32 ? 4 : 2);
+            bias_offset(p, b, h) * bias_elem_bytes(p);
     v.dtype = p.bias_dtype;
     v.row_stride = p.bias_row_stride;
     v.col_stride = p.bias_col_stride;

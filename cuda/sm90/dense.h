@@ -42,7 +42,7 @@ __forceinline__ __device__ DenseRows make_dense_rows(FlashFwdParams const& p, in
   DenseRows d;
   ElemMask const em = make_elem_mask(p, b, h);
   BiasView const bias = make_bias_view(p, b, h);
-  int const elem_bytes = p.bias_dtype == DType::kFloat32 ? 4 : 2;
+  int const elem_bytes = bias_elem_bytes(p);
   CUTLASS_PRAGMA_UNROLL
   for (int r = 0; r < 2; ++r) {
     d.elem[r] = em.row(rows[r]);

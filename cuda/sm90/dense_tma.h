@@ -55,8 +55,6 @@ struct DenseTmaDescs {
   bool bias_heads, bias_batch, mask_heads, mask_batch;  // whether that axis is indexed (not broadcast)
 };
 
-inline int bias_elem_bytes(const FlashFwdParams& p) { return p.bias_dtype == DType::kFloat32 ? 4 : 2; }
-
 inline CUresult encode_dense_operand(CUtensorMap* desc, const void* base, CUtensorMapDataType type, int elem_bytes,
                                      const FlashFwdParams& p, int64_t batch_stride, int64_t head_stride,
                                      int64_t row_stride, int block_m) {
