@@ -18,9 +18,10 @@ Operand layouts (what the kernels read):
   The backward returns a fourth output, dbias float32 with the bias's shape, iff bias is given.
   The CPU kernels and the portable (sm80) GPU kernels take the optional operands, dropout
   included; on Hopper, kernel="auto" runs the Hopper kernels for segment ids alone (the
-  portable backward with softcap or deterministic), the Hopper forward and the portable
-  backward for a mask, or a bias at head dims over 64, without dropout (a bias at head dims
-  <= 64 runs faster on the portable forward), and the portable kernels with dropout
+  portable backward with softcap or deterministic), the Hopper forward for a mask, or a bias
+  at head dims over 64, without dropout (a bias at head dims <= 64 runs faster on the portable
+  forward), the Hopper backward for a mask or a bias without segment ids, softcap or
+  deterministic, and the portable kernels with dropout
   (kernel="hopper" with any of them is an error).
 """
 

@@ -157,9 +157,10 @@ def flash_attention(
       mask: bool array broadcastable to q.shape[:-2] + (T, S); True = may attend.
         bias and mask are read tile by tile through broadcast strides, never expanded,
         except a bias/mask broadcast over some leading dims but not all (expanded over them).
-        On a GPU, calls with segment ids, bias or mask run the portable (sm80) kernels, also
-        on Hopper (kernel="hopper" is an error). Their dbias over a broadcast axis is summed
-        with float atomics, so deterministic=True with such a bias is an error on the GPU.
+        On a GPU, calls with segment ids, bias or mask run the portable (sm80) kernels, or on
+        Hopper the Hopper kernels where they take them (see jax_flash.dot_product_attention;
+        kernel="hopper" is an error). Their dbias over a broadcast axis is summed with float
+        atomics, so deterministic=True with such a bias is an error on the GPU.
       dropout_rate: attention dropout (a static Python float in [0, 1)): each element of the
         softmax is dropped with this probability and kept ones are scaled by 1 / (1 - rate);
         lse stays that of the undropped softmax. 0 (default) is exactly no dropout. On a GPU it
@@ -305,8 +306,9 @@ def dot_product_attention(
     Where it runs: bias, mask, segment ids and dropout run in jax_flash's kernels on both
     platforms: the CPU kernels, and on a GPU the portable (sm80) kernels, also on Hopper,
     except that without dropout the Hopper forward runs them there (not a bias at head dims
-    <= 64, which is faster on the portable forward), and with segment ids alone
-    the Hopper backward too (softcap or deterministic=True: the portable backward);
+    <= 64, which is faster on the portable forward), and the Hopper backward runs segment ids
+    alone, or a bias / mask without segment ids (softcap or deterministic=True: the portable
+    backward);
     implementation="hopper" with any of them is an error. The bias
     is read through its broadcast strides (never expanded); its gradient over broadcast axes is
     summed with float atomics on the GPU.

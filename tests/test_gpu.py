@@ -272,6 +272,69 @@ def test_gpu_dense_layouts(H, S, case, dtype):
                seed=H + S + len(case))
 
 
+# name -> (drop-in kwargs, reference kwargs, bias shape or None, bias dtype, mask shape or None)
+# over B, T, S, N = 2, 200, 333, 4: each way dbias is summed (per element, over rows, over keys,
+# over both), broadcast batch / heads, 16-bit biases, a mask with or without a bias.
+_QL = jnp.array([200, 157], jnp.int32)
+DENSE_BWD_CASES = {
+    "bias_full_causal": (dict(is_causal=True), dict(causal=True), (2, 4, 200, 333), jnp.float32, None),
+    "bias_bf16_shared_mask": ({}, {}, (1, 1, 200, 333), jnp.bfloat16, (2, 1, 200, 333)),
+    "bias_over_rows": (dict(query_seq_lengths=_QL), dict(q_lens=_QL), (2, 4, 1, 333), jnp.float32, None),
+    "bias_over_keys_window": (dict(local_window_size=(70, 30)), dict(window=(70, 30)), (1, 4, 200, 1), jnp.float16,
+                              None),
+    "bias_over_both_causal": (dict(is_causal=True), dict(causal=True), (2, 1, 1, 1), jnp.float32, None),
+    "mask_only_lengths": (dict(query_seq_lengths=_QL), dict(q_lens=_QL), None, jnp.float32, (1, 4, 200, 333)),
+}
+
+
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("case", list(DENSE_BWD_CASES))
+@pytest.mark.parametrize("H", [64, 128, 256])
+def test_gpu_dense_backward(H, case, dtype):
+    """Bias / mask gradients: on Hopper the backward runs them in its Dense kernels (no softcap,
+    not deterministic: cuda/sm90/dense_bwd.h); dq, dk, dv and dbias under the 2x rule. GQA 2:1,
+    odd S; row 157 of batch 1 onwards are padding (lengths cases)."""
+    B, T, S, N, K = 2, 200, 333, 4, 2
+    ours, ref, bias_shape, bias_dtype, mask_shape = DENSE_BWD_CASES[case]
+    mask = None if mask_shape is None else rand_mask(50 + H, mask_shape)
+    check_case(B, T, S, N, K, H, dtype, dropin(mask=mask, **ours), ref_of(mask=mask, **ref), bias_shape=bias_shape,
+               bias_dtype=bias_dtype, seed=H + len(case))
+
+
+_ROUTING_SCRIPT = """
+import jax, jax.numpy as jnp, jax_flash
+q = k = v = jnp.ones((1, 256, 2, 128), jnp.bfloat16) * 0.1
+bias = jnp.zeros((1, 2, 256, 256), jnp.float32)
+mask = jnp.ones((1, 1, 256, 256), bool)
+def grads(**kw):
+    f = lambda q, k, v: jnp.sum(jax_flash.dot_product_attention(q, k, v, **kw).astype(jnp.float32))
+    jax.block_until_ready(jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, k, v))
+grads(bias=bias)
+grads(mask=mask, is_causal=True)
+grads(bias=bias, softcap=20.0)
+grads(mask=mask, dropout_rate=0.1, dropout_rng=jax.random.key(0))
+"""
+
+
+def test_gpu_kernel_routing_on_hopper():
+    """Which kernels run calls with optional inputs (kernel='auto'), from the handlers' log
+    (JAX_FLASH_LOG_KERNELS=1): on Hopper both passes of bias / mask calls run the Hopper kernels;
+    softcap sends the backward of a bias call to the portable kernels, dropout both passes."""
+    if jax.devices()[0].compute_capability != "9.0":
+        pytest.skip("not a Hopper GPU")
+    env = dict(os.environ, JAX_FLASH_LOG_KERNELS="1")
+    run = subprocess.run([sys.executable, "-c", _ROUTING_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    log = {line for line in run.stderr.splitlines() if line.startswith("jax_flash: ")}
+    expected = {
+        "jax_flash: forward hopper head_dim=128 bias", "jax_flash: backward hopper head_dim=128 bias",
+        "jax_flash: forward hopper head_dim=128 mask", "jax_flash: backward hopper head_dim=128 mask",
+        "jax_flash: backward portable head_dim=128 bias",  # softcap
+        "jax_flash: forward portable head_dim=128 mask dropout", "jax_flash: backward portable head_dim=128 mask dropout",
+    }
+    assert log == expected, sorted(log)
+
+
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("segments", [3, 40])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -66,7 +66,7 @@ struct FlashFwdParams {
 
   // --- optional element-wise inputs, appended last; nullptr = off. Read by the CPU backend and
   // the sm80 kernels (their kExtras variants). The sm90 forward takes all but dropout, the sm90
-  // backward segment ids alone (hopper_fwd_takes_extras, hopper_bwd_takes_extras); the CUDA
+  // backward segment ids or bias / mask (hopper_fwd_takes_extras, hopper_bwd_takes_extras); the CUDA
   // handlers route the other calls with any of them to sm80 (has_extras). ---
   // Packed sequences: key j is visible to query i only if their segment ids are equal.
   const int32_t* q_segment_ids = nullptr;   // [batch, seqlen_q]
@@ -189,11 +189,15 @@ inline int64_t workspace_ints(int batch, int chunked_len, bool segment_ids) {
   return segment_ids ? 4 + 4 * int64_t(batch) * seg_chunks(chunked_len) : 1;
 }
 
-// The sm90 backward runs segment ids alone too, without softcap or the deterministic mode,
-// given its workspace (tile_counter, sized by workspace_ints over seqlen_k).
+// The sm90 backward runs segment ids, or a bias and / or a mask (with dbias; sm90/dense_bwd.h),
+// each without softcap or the deterministic mode; segment ids alone, given their workspace
+// (tile_counter, sized by workspace_ints over seqlen_k). The other mixes run on the sm80 kernels.
 JF_HOST_DEVICE bool hopper_bwd_takes_extras(const FlashBwdParams& p) {
-  return p.bias == nullptr && p.mask == nullptr && p.dropout_keys == nullptr &&
-         (p.q_segment_ids == nullptr || (p.tile_counter != nullptr && !p.deterministic && !(p.softcap > 0.f)));
+  bool const dense = p.bias != nullptr || p.mask != nullptr;
+  bool const seg = p.q_segment_ids != nullptr;
+  if (p.dropout_keys != nullptr || (dense && seg)) return false;
+  if (!dense && !seg) return true;
+  return !p.deterministic && !(p.softcap > 0.f) && (!seg || p.tile_counter != nullptr);
 }
 
 // Shape of the GPU dQ accumulator workspace, [batch, heads_q, rows, cols] float32.

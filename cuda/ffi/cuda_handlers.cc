@@ -5,6 +5,8 @@
 // portable sm80 kernels; which of them the Hopper kernels take: check_extras_kernel.
 #include <cuda_runtime.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "../common/mask.h"
@@ -49,6 +51,22 @@ bool want_hopper(int32_t kernel) {
 #endif
 }
 
+// JAX_FLASH_LOG_KERNELS=1: one stderr line per launch naming the kernels that ran and the
+// optional inputs of the call (the GPU tests check the routing with it). Read once.
+bool log_kernels() {
+  static bool const on = [] {
+    char const* e = std::getenv("JAX_FLASH_LOG_KERNELS");
+    return e != nullptr && *e != '\0' && *e != '0';
+  }();
+  return on;
+}
+cudaError_t logged(cudaError_t err, const char* what, const FlashFwdParams& p) {
+  if (log_kernels() && err == cudaSuccess)
+    std::fprintf(stderr, "jax_flash: %s head_dim=%d%s%s%s%s\n", what, p.head_dim, p.q_segment_ids ? " segment_ids" : "",
+                 p.bias ? " bias" : "", p.mask ? " mask" : "", p.dropout_keys ? " dropout" : "");
+  return err;
+}
+
 // kernel='hopper' on a build without the sm90 kernels is an error, not a silent fallback.
 ffi::Error check_kernel_built(int32_t kernel) {
   if (kernel == kHopper && !want_hopper(kernel))
@@ -57,8 +75,8 @@ ffi::Error check_kernel_built(int32_t kernel) {
 }
 
 // The Hopper forward reads every optional input but dropout (kernel='auto' sends it what it runs
-// faster: hopper_fwd_preferred), the Hopper backward segment ids
-// alone (hopper_fwd_takes_extras, hopper_bwd_takes_extras, flash_params.h). kernel='hopper' with
+// faster: hopper_fwd_preferred), the Hopper backward segment ids, or bias / mask, without softcap
+// or the deterministic mode (hopper_fwd_takes_extras, hopper_bwd_takes_extras, flash_params.h). kernel='hopper' with
 // any of them is an error (Python raises it first, at lowering); kernel='auto' runs the
 // portable kernels for the rest.
 ffi::Error check_extras_kernel(const FlashFwdParams& p, int32_t kernel) {
@@ -89,12 +107,12 @@ ffi::Error FwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   if (auto e = check_extras_kernel(p, attrs.kernel); e.failure()) return e;
 #ifdef JAX_FLASH_WITH_SM90
   if (want_hopper(attrs.kernel) && hopper_fwd_preferred(p) && workspace_ok) {
-    cudaError_t err = flash_fwd_sm90(p, stream);
+    cudaError_t err = logged(flash_fwd_sm90(p, stream), "forward hopper", p);
     if (err != cudaErrorNotSupported || attrs.kernel == kHopper) return to_ffi(err, "flash_fwd_sm90");
     cudaGetLastError();  // clear the not-supported status before falling back
   }
 #endif
-  return to_ffi(flash_fwd_sm80(p, stream), "flash_fwd_sm80");
+  return to_ffi(logged(flash_fwd_sm80(p, stream), "forward portable", p), "flash_fwd_sm80");
 }
 
 ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
@@ -139,12 +157,12 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   // The Hopper backward covers head dims that are multiples of 8 up to 256 except 129..192
   // (sm90::padded_head_dim); the others take the portable backward even under kernel='hopper'.
   if (want_hopper(attrs.kernel) && hopper_bwd_takes_extras(p)) {
-    cudaError_t err = flash_bwd_sm90(p, stream);
+    cudaError_t err = logged(flash_bwd_sm90(p, stream), "backward hopper", p);
     if (err != cudaErrorNotSupported) return to_ffi(err, "flash_bwd_sm90");
     cudaGetLastError();  // clear the not-supported status before falling back
   }
 #endif
-  return to_ffi(flash_bwd_sm80(p, stream), "flash_bwd_sm80");
+  return to_ffi(logged(flash_bwd_sm80(p, stream), "backward portable", p), "flash_bwd_sm80");
 }
 
 }  // namespace

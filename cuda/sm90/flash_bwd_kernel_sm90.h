@@ -38,6 +38,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "../common/mask.h"
+#include "dense_bwd.h"
 #include "scheduler.h"
 #include "segments.h"
 #include "traits.h"
@@ -381,8 +382,10 @@ __forceinline__ __device__ void bwd_consumer_wait(Pipe& pipe, State& st) {
 }
 
 // Segments: packed sequences (segment ids; segments.h, the ranges in p.tile_counter's
-// workspace), an instantiation of its own so the other kernels' code is unchanged.
-template <class Traits, bool Softcap, bool Deterministic, bool Dynamic = false, bool Segments = false>
+// workspace), an instantiation of its own so the other kernels' code is unchanged. Dense: a bias
+// and / or a boolean mask, with dbias (dense_bwd.h): every step takes the element-wise path.
+template <class Traits, bool Softcap, bool Deterministic, bool Dynamic = false, bool Segments = false,
+          bool Dense = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_constant__ const BwdKernelParams<Traits> kp) {
   using T = Traits;
   using Element = typename T::Element;
@@ -390,6 +393,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   extern __shared__ __align__(1024) char smem_raw[];
   auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
   FlashBwdParams const& p = kp.p;
+  static_assert(!(Dense && (Softcap || Deterministic || Segments)), "bias / mask run without these (routing)");
 
   int const warp_group = __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0);
   int const warp_in_wg = __shfl_sync(0xffffffff, (int(threadIdx.x) / 32) % 4, 0);
@@ -637,6 +641,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         tl.mark(kBwdStart);
+        DenseBwd dense;
+        if constexpr (Dense) {  // this warp's 16 keys x the WG's rows into L1, under the Q wait and GEMMs
+          dense = make_dense_bwd(p, b, hq);  // (here no wgmma is in flight: its branches cannot serialize them)
+          int const warp_key0 = (int(get<0>(cS_rc(0, 0))) / 16) * 16;
+          dense_bwd_prefetch(dense, int64_t(n_block) * kBlockN + warp_key0,
+                             row0 + (T::kSplitD ? wg * (kBlockM / 2) : 0), T::kSplitD ? kBlockM / 2 : kBlockM);
+        }
         bwd_consumer_wait(pipe_q, rd);
         wg_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, rd.index()), tSrS);
         bwd_consumer_wait(pipe_do, rd_do);
@@ -644,18 +655,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         tl.mark(kBwdIssued);
         Tensor s_rc = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
         Tensor dp_rc = make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));
-        bool const full = full_lo <= row0 && row0 + kBlockM <= full_hi;
+        bool const full = !Dense && full_lo <= row0 && row0 + kBlockM <= full_hi;
         float const* s_lse = ss.lse[rd.index()];
         float const* s_dsum = ss.dsum[rd_do.index()];
         // P^T = exp2(logit * scale_log2 - lse2); element-wise mask only on boundary tiles (the
         // masked variant is a separate loop so the full-tile loop has no branches).
         auto prob = [&](auto masked, float x, float lse2, int i, int j) {
+          float arg = x * scale_log2 - lse2;
+          bool dense_visible = true;
+          if constexpr (Dense) {
+            arg = dense_bwd_logit(dense, arg, row0 + int(get<1>(cS_rc(i, j))),
+                                  int64_t(n_block) * kBlockN + int(get<0>(cS_rc(i, j))), dense_visible);
+          }
           // Full tiles (lse2 finite) may put part of the exp2s on the FMA pipe.
-          float pr = exp2_at<T::kPolyEvery, decltype(masked)::value>(j * kRowsK + i, x * scale_log2 - lse2);
+          float pr = exp2_at<T::kPolyEvery, decltype(masked)::value>(j * kRowsK + i, arg);
           if constexpr (decltype(masked)::value) {
             int64_t const key = n_block * kBlockN + int(get<0>(cS_rc(i, j)));
             int64_t const row = row0 + int(get<1>(cS_rc(i, j)));
-            if (!msk.visible(row, key)) pr = 0.f;
+            if (!msk.visible(row, key) || !dense_visible) pr = 0.f;
             if constexpr (Segments) {  // (indices clamped: rows / keys past the ends are masked above)
               if (__ldg(q_seg + min(row, int64_t(p.seqlen_q - 1))) != __ldg(kv_seg + min(key, int64_t(p.seqlen_k - 1))))
                 pr = 0.f;
@@ -699,6 +716,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
             CUTLASS_PRAGMA_UNROLL
             for (int i = 0; i < kRowsK; ++i) dp_rc(i, j) = s_rc(i, j) * (dp_rc(i, j) - d);
           }
+          if constexpr (Dense) dense_bwd_dbias(dense, dp_rc, cS_rc, int64_t(n_block) * kBlockN, row0);
         }
         tl.mark(kBwdPdS);
         Tensor tPr16 = make_tensor<Element>(tSrS.layout());

@@ -74,7 +74,7 @@ int main() {
     p = fwd(h), p.mask = mask, p.dropout_keys = keys;
     expect(hopper_fwd_takes_extras(p), false, "dropout");
   }
-  // The Hopper backward: segment ids alone, not with softcap or deterministic.
+  // The Hopper backward: segment ids or bias / mask, not with softcap or deterministic.
   FlashBwdParams b;
   b.head_dim = 128;
   b.tile_counter = counter;
@@ -86,9 +86,19 @@ int main() {
   b.softcap = 0.f, b.deterministic = true;
   expect(hopper_bwd_takes_extras(b), false, "bwd segment ids + deterministic");
   b.deterministic = false, b.bias = bias;
-  expect(hopper_bwd_takes_extras(b), false, "bwd bias");
-  b.bias = nullptr, b.mask = mask;
-  expect(hopper_bwd_takes_extras(b), false, "bwd mask");
+  expect(hopper_bwd_takes_extras(b), false, "bwd bias + segment ids");
+  b.q_segment_ids = b.kv_segment_ids = nullptr;
+  expect(hopper_bwd_takes_extras(b), true, "bwd bias");
+  b.mask = mask;
+  expect(hopper_bwd_takes_extras(b), true, "bwd bias + mask");
+  b.bias = nullptr, b.tile_counter = nullptr;  // (the Dense kernels need no workspace)
+  expect(hopper_bwd_takes_extras(b), true, "bwd mask");
+  b.softcap = 30.f;
+  expect(hopper_bwd_takes_extras(b), false, "bwd mask + softcap");
+  b.softcap = 0.f, b.deterministic = true;
+  expect(hopper_bwd_takes_extras(b), false, "bwd mask + deterministic");
+  b.deterministic = false, b.dropout_keys = keys;
+  expect(hopper_bwd_takes_extras(b), false, "bwd mask + dropout");
   std::printf("%d routing failures\n", failures);
   return failures ? 1 : 0;
 }

@@ -1,0 +1,142 @@
+// Bias, boolean mask and the bias gradient in the sm90 backward (its Dense kernels). The rules
+// are common/mask.h's (BiasView, ElemMask, dbias over the broadcast axes, as the CPU and sm80
+// backwards); this file maps them onto the backward's S^T accumulator, (keys, query rows): a
+// thread holds 2 keys (lane / 4 and lane / 4 + 8 of its warp's 16) and pairs of query rows
+// (2 (lane % 4) + 8g + {0, 1}), so one load (or RED) of a register index covers 8 consecutive
+// keys x 4 rows: 4 whole 32-byte sectors of a row-major bias. Bias and mask are read at use,
+// element by element, from lines each warp prefetched into L1 before its GEMM waits (no smem is
+// left at H = 128 for tiles of them, no registers to hold them across the GEMMs).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "../common/dtype.h"
+#include "../common/flash_params.h"
+#include "../common/mask.h"
+#include "utils.h"
+
+namespace jax_flash::sm90 {
+
+// One step's (batch, q head) bases of the bias, the mask and dbias. Strides, dtype and lengths
+// stay in the kernel parameters (constant bank operands): the consumers, at the register cap,
+// hold only these three pointers.
+struct DenseBwd {
+  FlashBwdParams const* p = nullptr;
+  char const* bias = nullptr;     // at (b, hq); nullptr = none
+  uint8_t const* mask = nullptr;  // at (b, hq); nullptr = none
+  float* dbias = nullptr;         // at (b, hq); nullptr = none
+};
+
+__forceinline__ __device__ DenseBwd make_dense_bwd(FlashBwdParams const& p, int b, int hq) {
+  return {&p, static_cast<char const*>(make_bias_view(p, b, hq).ptr), make_elem_mask(p, b, hq).mask,
+          p.dbias ? p.dbias + dbias_offset(p, b, hq) : nullptr};
+}
+
+// log2(e) x bias(row, key) (row, key in range). The dtype test is uniform across the kernel.
+__forceinline__ __device__ float dense_bias_log2(DenseBwd const& d, int64_t row, int64_t key) {
+  int64_t const off = row * d.p->bias_row_stride + key * d.p->bias_col_stride;
+  float b;
+  if (d.p->bias_dtype == DType::kFloat32) {
+    b = __ldg(reinterpret_cast<float const*>(d.bias) + off);
+  } else {
+    uint16_t const h = __ldg(reinterpret_cast<unsigned short const*>(d.bias) + off);
+    b = d.p->bias_dtype == DType::kBFloat16 ? bf16_to_float(h) : fp16_to_float(h);
+  }
+  return b * 1.44269504088896340736f;
+}
+
+// The exp2 argument with the bias term, and the mask's verdict, for (row, key); rows / keys past
+// the ends read row / key 0's (the interval rule masks them anyway). Per element, at use: a
+// version hoisting the per-row / per-key address and interval work out of the loop (v50c) made
+// ptxas spill 250-1500 B more in these kernels at the register cap.
+__forceinline__ __device__ float dense_bwd_logit(DenseBwd const& d, float x_l2, int64_t row, int64_t key, bool& visible) {
+  int64_t const r = row < d.p->seqlen_q ? row : 0, k = key < d.p->seqlen_k ? key : 0;
+  if (d.mask && __ldg(d.mask + r * d.p->mask_row_stride + k * d.p->mask_col_stride) == 0) visible = false;
+  return d.bias ? x_l2 + dense_bias_log2(d, r, k) : x_l2;
+}
+
+// Before the step's GEMM waits: the lines of the warp's bias / mask tile (its 16 keys from key0 x
+// n_rows rows from row0) into L1, so that the reads at use (dense_bwd_logit) hit L1 instead of
+// each waiting ~1000 cycles on L2 / HBM: the consumers have no registers to hold the words across
+// the GEMMs (read at use with no prefetch: 5x slower than a plain backward at H = 128, v50).
+__forceinline__ __device__ void prefetch_l1(void const* ptr) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(ptr));
+}
+__forceinline__ __device__ void dense_bwd_prefetch(DenseBwd const& d, int64_t key0, int64_t row0, int n_rows) {
+  FlashBwdParams const& p = *d.p;
+  int const lane = threadIdx.x % 32;
+  int64_t const k0 = key0 < p.seqlen_k ? key0 : p.seqlen_k - 1;
+  int64_t const k1 = key0 + 15 < p.seqlen_k ? key0 + 15 : p.seqlen_k - 1;  // the 16 keys may span two lines
+  int const elem_bytes = bias_elem_bytes(p);
+  for (int r = lane; r < n_rows; r += 32) {
+    int64_t const row = row0 + r < p.seqlen_q ? row0 + r : p.seqlen_q - 1;
+    if (d.bias) {
+      char const* const b = d.bias + row * p.bias_row_stride * elem_bytes;
+      prefetch_l1(b + k0 * p.bias_col_stride * elem_bytes);
+      prefetch_l1(b + k1 * p.bias_col_stride * elem_bytes);
+    }
+    if (d.mask) {
+      uint8_t const* const m = d.mask + row * p.mask_row_stride;
+      prefetch_l1(m + k0 * p.mask_col_stride);
+      prefetch_l1(m + k1 * p.mask_col_stride);
+    }
+  }
+}
+
+// dS (the gradient of the final logit, before any softcap chain rule) of one step into dbias,
+// summed over its broadcast axes: per element (a RED onto zero: exact for a full-size dbias), or
+// reduced in registers and across the lanes sharing a key (over rows) or a row (over keys) first,
+// then one RED per key / row / warp. ds / c: (keys, rows) views of the dS^T accumulator and its
+// coordinates in the step's tile at (key0, row0). Every lane of the warp calls it (shuffles).
+template <class TD, class TC>
+__forceinline__ __device__ void dense_bwd_dbias(DenseBwd const& d, TD const& ds, TC const& c, int64_t key0,
+                                                int64_t row0) {
+  constexpr int kKeys = decltype(size<0>(ds))::value, kRows = decltype(size<1>(ds))::value;
+  if (!d.dbias) return;
+  int const lane = threadIdx.x % 32;
+  bool const over_rows = d.p->dbias_row_stride == 0, over_keys = d.p->dbias_col_stride == 0;
+  if (!over_rows && !over_keys) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kRows; ++j) {
+      int64_t const row = row0 + int(get<1>(c(0, j)));
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kKeys; ++i) {
+        int64_t const key = key0 + int(get<0>(c(i, 0)));
+        if (row < d.p->seqlen_q && key < d.p->seqlen_k)
+          atomicAdd(d.dbias + row * d.p->dbias_row_stride + key * d.p->dbias_col_stride, ds(i, j));
+      }
+    }
+  } else if (over_rows && !over_keys) {  // a key's rows: this thread's, then lanes l ^ 1, l ^ 2
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kKeys; ++i) {
+      float v = 0.f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kRows; ++j) v += ds(i, j);
+      v += __shfl_xor_sync(0xffffffff, v, 1);
+      v += __shfl_xor_sync(0xffffffff, v, 2);
+      int64_t const key = key0 + int(get<0>(c(i, 0)));
+      if (lane % 4 == 0 && key < d.p->seqlen_k) atomicAdd(d.dbias + key * d.p->dbias_col_stride, v);
+    }
+  } else if (!over_rows) {  // a row's keys: this thread's, then lanes l ^ 4, l ^ 8, l ^ 16
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kRows; ++j) {
+      float v = 0.f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kKeys; ++i) v += ds(i, j);
+      v += __shfl_xor_sync(0xffffffff, v, 4);
+      v += __shfl_xor_sync(0xffffffff, v, 8);
+      v += __shfl_xor_sync(0xffffffff, v, 16);
+      int64_t const row = row0 + int(get<1>(c(0, j)));
+      if (lane < 4 && row < d.p->seqlen_q) atomicAdd(d.dbias + row * d.p->dbias_row_stride, v);
+    }
+  } else {  // one sum per warp
+    float v = 0.f;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kKeys * kRows; ++i) v += ds(i);
+    CUTLASS_PRAGMA_UNROLL
+    for (int s = 16; s > 0; s /= 2) v += __shfl_xor_sync(0xffffffff, v, s);
+    if (lane == 0) atomicAdd(d.dbias, v);
+  }
+}
+
+}  // namespace jax_flash::sm90
