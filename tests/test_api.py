@@ -180,3 +180,29 @@ def test_core_shape_errors():
         jax_flash.flash_attention(z(2, 8, 16), z(2, 8, 8), z(2, 8, 8))
     with pytest.raises(ValueError, match="q must have rank >= 2"):
         jax_flash.flash_attention(z(16), z(8, 16), z(8, 16))
+
+
+_LOG_SCRIPT = """
+import jax, jax.numpy as jnp, jax_flash
+q = k = v = jnp.ones((1, 16, 2, 32), jnp.float32)
+bias = jnp.zeros((16, 16), jnp.float32)
+f = lambda q, k, v, b: jnp.sum(jax_flash.dot_product_attention(q, k, v, b, is_causal=True))
+jax.block_until_ready(jax.grad(f, argnums=(0, 3))(q, k, v, bias))
+"""
+
+
+@pytest.mark.parametrize("env", ["1", "0"])
+def test_kernel_log_names_the_kernels_that_ran(env):
+    """JAX_FLASH_LOG_KERNELS=1 prints one stderr line per launch of the handlers: the pass, the
+    kernels (cpu here; hopper or portable on a GPU, test_gpu.py checks the routing with it), the
+    head dim and the optional inputs. Unset or 0: silent."""
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _LOG_SCRIPT], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, JAX_FLASH_LOG_KERNELS=env, JAX_PLATFORMS="cpu"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    log = sorted({line for line in run.stderr.splitlines() if line.startswith("jax_flash: ")})
+    expected = ["jax_flash: backward cpu head_dim=32 bias", "jax_flash: forward cpu head_dim=32 bias"]
+    assert log == (expected if env == "1" else []), log

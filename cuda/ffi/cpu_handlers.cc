@@ -2,6 +2,7 @@
 #include "../cpu/flash_cpu.h"
 #include "bindings.h"
 #include "handlers.h"
+#include "kernel_log.h"
 
 namespace ffi = ::xla::ffi;
 
@@ -19,6 +20,7 @@ ffi::Error FwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Any
   p.o = o->untyped_data();
   p.lse = static_cast<float*>(lse->untyped_data());
   cpu::flash_fwd(p);
+  log_kernel("forward cpu", p);
   return ffi::Error::Success();
 }
 
@@ -37,6 +39,7 @@ ffi::Error BwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Any
   p.dv = dv->untyped_data();
   p.dsum = static_cast<float*>(dsum->untyped_data());
   cpu::flash_bwd(p);
+  log_kernel("backward cpu", p);
   return ffi::Error::Success();
 }
 

@@ -5,8 +5,6 @@
 // portable sm80 kernels; which of them the Hopper kernels take: check_extras_kernel.
 #include <cuda_runtime.h>
 
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "../common/mask.h"
@@ -18,6 +16,7 @@
 #endif
 #include "bindings.h"
 #include "handlers.h"
+#include "kernel_log.h"
 
 namespace ffi = ::xla::ffi;
 
@@ -51,19 +50,9 @@ bool want_hopper(int32_t kernel) {
 #endif
 }
 
-// JAX_FLASH_LOG_KERNELS=1: one stderr line per launch naming the kernels that ran and the
-// optional inputs of the call (the GPU tests check the routing with it). Read once.
-bool log_kernels() {
-  static bool const on = [] {
-    char const* e = std::getenv("JAX_FLASH_LOG_KERNELS");
-    return e != nullptr && *e != '\0' && *e != '0';
-  }();
-  return on;
-}
+// The launch's status, logged by name when it ran (kernel_log.h).
 cudaError_t logged(cudaError_t err, const char* what, const FlashFwdParams& p) {
-  if (log_kernels() && err == cudaSuccess)
-    std::fprintf(stderr, "jax_flash: %s head_dim=%d%s%s%s%s\n", what, p.head_dim, p.q_segment_ids ? " segment_ids" : "",
-                 p.bias ? " bias" : "", p.mask ? " mask" : "", p.dropout_keys ? " dropout" : "");
+  if (err == cudaSuccess) log_kernel(what, p);
   return err;
 }
 
