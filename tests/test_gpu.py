@@ -301,6 +301,18 @@ def test_gpu_dense_backward(H, case, dtype):
                bias_dtype=bias_dtype, seed=H + len(case))
 
 
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", [(2, 1, 1, 4, 2), (1, 1, 77, 2, 1), (2, 5, 3, 2, 2), (1, 70, 1, 4, 4)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gpu_dense_backward_tiny(shape, dtype):
+    """Bias + mask gradients at the smallest lengths (decode T = 1, S = 1, T > S), H = 128: one
+    partial tile, every key and row index past the ends clamped on the Hopper Dense backward."""
+    B, T, S, N, K = shape
+    mask = rand_mask(60 + T + S, (B, 1, T, S)).at[..., 0].set(True)  # every row sees key 0
+    check_case(B, T, S, N, K, 128, dtype, dropin(mask=mask), ref_of(mask=mask), bias_shape=(1, N, T, S),
+               seed=T * 7 + S)
+
+
 _ROUTING_SCRIPT = """
 import jax, jax.numpy as jnp, jax_flash
 q = k = v = jnp.ones((1, 256, 2, 128), jnp.bfloat16) * 0.1
