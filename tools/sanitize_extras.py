@@ -5,6 +5,11 @@ tools/sanitize.sh run the plain kernels only). Checks only jax_flash's kernels:
       python3 tools/sanitize_extras.py
   (racecheck likewise; each case's output is also compared with the portable kernels')
   --only=TEXT runs the cases whose label contains TEXT (e.g. --only=TMA).
+  --list prints every case's full label ("H=64 T=200 S=333 causal=False bias f32 [1,N,T,S]") and
+  runs nothing; --exact=LABEL runs that one case. One process per case, so a crash names its case:
+    python3 tools/sanitize_extras.py --list | while read -r c; do
+      compute-sanitizer --tool memcheck --error-exitcode 99 --kernel-name kns=jax_flash \
+          python3 tools/sanitize_extras.py --exact="$c" > /dev/null 2>&1; echo "rc $? $c"; done
 """
 import sys
 
@@ -16,10 +21,16 @@ import jax_flash
 
 
 ONLY = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--only=")), "")
+EXACT = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--exact=")), None)
+LIST = "--list" in sys.argv[1:]
 
 
 def case(H, T, S, causal, kw, label):
-    if ONLY not in label:
+    full = f"H={H} T={T} S={S} causal={causal} {label}"
+    if ONLY not in label or (EXACT is not None and full != EXACT):
+        return
+    if LIST:
+        print(full)
         return
     ks = jax.random.split(jax.random.key(H + T + S), 3)
     q = jax.random.normal(ks[0], (2, T, 2, H), jnp.bfloat16)
@@ -33,7 +44,7 @@ def case(H, T, S, causal, kw, label):
            for impl in (None, "portable")}
     (a, ga), (b, gb) = res[None], res["portable"]
     err = max(float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32)))) for x, y in zip(ga, gb))
-    print(f"H={H} T={T} S={S} causal={causal} {label}: loss {float(a):.4f} vs portable {float(b):.4f}, "
+    print(f"{full}: loss {float(a):.4f} vs portable {float(b):.4f}, "
           f"max grad diff {err:.3g}", flush=True)
 
 
