@@ -192,7 +192,7 @@ jax.block_until_ready(jax.grad(f, argnums=(0, 3))(q, k, v, bias))
 
 
 @pytest.mark.parametrize("env", ["1", "0"])
-def test_kernel_log_names_the_kernels_that_ran(env):
+def test_kernel_log_names_the_kernels_that_ran(env, tmp_path):
     """JAX_FLASH_LOG_KERNELS=1 prints one stderr line per launch of the handlers: the pass, the
     kernels (cpu here; hopper or portable on a GPU, test_gpu.py checks the routing with it), the
     head dim and the optional inputs. Unset or 0: silent."""
@@ -201,7 +201,8 @@ def test_kernel_log_names_the_kernels_that_ran(env):
     import sys
 
     run = subprocess.run([sys.executable, "-c", _LOG_SCRIPT], capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, JAX_FLASH_LOG_KERNELS=env, JAX_PLATFORMS="cpu"))
+                         env=dict(os.environ, JAX_FLASH_LOG_KERNELS=env, JAX_PLATFORMS="cpu"),
+                         cwd=tmp_path)  # the installed package, not the source tree's jax_flash/
     assert run.returncode == 0, run.stderr[-3000:]
     log = sorted({line for line in run.stderr.splitlines() if line.startswith("jax_flash: ")})
     expected = ["jax_flash: backward cpu head_dim=32 bias", "jax_flash: forward cpu head_dim=32 bias"]

@@ -328,14 +328,15 @@ grads(mask=mask, dropout_rate=0.1, dropout_rng=jax.random.key(0))
 """
 
 
-def test_gpu_kernel_routing_on_hopper():
+def test_gpu_kernel_routing_on_hopper(tmp_path):
     """Which kernels run calls with optional inputs (kernel='auto'), from the handlers' log
     (JAX_FLASH_LOG_KERNELS=1): on Hopper both passes of bias / mask calls run the Hopper kernels;
     softcap sends the backward of a bias call to the portable kernels, dropout both passes."""
     if jax.devices()[0].compute_capability != "9.0":
         pytest.skip("not a Hopper GPU")
     env = dict(os.environ, JAX_FLASH_LOG_KERNELS="1")
-    run = subprocess.run([sys.executable, "-c", _ROUTING_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-c", _ROUTING_SCRIPT], env=env, capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path)  # the installed package, not the source tree's jax_flash/
     assert run.returncode == 0, run.stderr[-3000:]
     log = {line for line in run.stderr.splitlines() if line.startswith("jax_flash: ")}
     expected = {
