@@ -17,12 +17,11 @@ Operand layouts (what the kernels read):
                  folded example keeps its own key and coordinates.
   The backward returns a fourth output, dbias float32 with the bias's shape, iff bias is given.
   The CPU kernels and the portable (sm80) GPU kernels take the optional operands, dropout
-  included; on Hopper, kernel="auto" runs the Hopper kernels for segment ids alone (the
-  portable backward with softcap or deterministic), the Hopper forward for a mask, or a bias
-  at head dims over 64, without dropout (a bias at head dims <= 64 runs faster on the portable
-  forward), the Hopper backward for a mask or a bias without segment ids, softcap or
-  deterministic, and the portable kernels with dropout
-  (kernel="hopper" with any of them is an error).
+  included; on Hopper, kernel="auto" runs the Hopper forward for segment ids, a mask, or a
+  bias (read element-wise only at head dims over 64, where it beats the portable forward), in
+  any mix, and for dropout alone; the Hopper backward for one of segment ids, bias / mask or
+  dropout, without softcap or deterministic; the portable kernels for the other mixes
+  (kernel="hopper" with any of them is an error; cuda/common/flash_params.h has the rules).
 """
 
 from __future__ import annotations
@@ -123,16 +122,16 @@ def _check_gpu_operands(q_aval):
 
 
 def _check_gpu_extras(spec, avals_in, n_fixed, backward):
-    """The optional operands (dropout included) run on the portable (sm80) GPU kernels only; a
-    dbias summed over a broadcast axis uses float atomics there, which deterministic=True cannot
-    promise."""
+    """kernel='hopper' takes no optional operand (kernel='auto' routes them, per call, to the
+    Hopper kernels where those take them); a dbias summed over a broadcast axis uses float
+    atomics on the GPU, which deterministic=True cannot promise."""
     if not spec.extras:
         return
     if spec.kernel == "hopper":
         names = ", ".join(n for n in EXTRAS if n in spec.extras and n != "kv_segment_ids")
         raise ValueError(
-            f"jax_flash: kernel='hopper' does not take {names} (only the portable GPU kernels do); "
-            "use kernel='auto' (which picks the portable kernels for these calls) or 'portable'")
+            f"jax_flash: kernel='hopper' does not take {names}; use kernel='auto' (the Hopper kernels "
+            "where they take these inputs, else the portable ones) or 'portable'")
     if backward and spec.deterministic and "bias" in spec.extras:
         B, T, N, _ = avals_in[0].shape
         full = (B, N, T, avals_in[1].shape[1])

@@ -164,8 +164,10 @@ def flash_attention(
       dropout_rate: attention dropout (a static Python float in [0, 1)): each element of the
         softmax is dropped with this probability and kept ones are scaled by 1 / (1 - rate);
         lse stays that of the undropped softmax. 0 (default) is exactly no dropout. On a GPU it
-        runs in the portable (sm80) kernels, like the optional inputs above (kernel="hopper" is
-        an error), and drops exactly the elements the CPU backend drops for the same key.
+        drops exactly the elements the CPU backend drops for the same key; on Hopper the
+        Hopper kernels run it when it comes without segment ids, bias or mask (the backward
+        also without softcap or deterministic=True), else the portable kernels
+        (kernel="hopper" is an error).
       dropout_rng: a JAX PRNG key (jax.random.key, or a raw jax.random.PRNGKey), required when
         dropout_rate > 0. The mask is a pure function of the key and the element's
         coordinates (the flattened leading index, 0, query row, key column; see
@@ -185,7 +187,8 @@ def flash_attention(
     vmap over any axis of any subset of q/k/v folds into the kernel's batch or head
     dimension; vmapping q alone shares k/v without broadcasting them (GQA-style).
 
-    On a GPU, segment ids, bias, mask and dropout run in the portable kernels (see above).
+    On a GPU, segment ids, bias, mask and dropout run in the portable kernels, or on Hopper
+    in the Hopper kernels where they take them (see jax_flash.dot_product_attention).
     """
     return_lse = V.check_flag("return_lse", return_lse)
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
@@ -304,11 +307,11 @@ def dot_product_attention(
     averages V; lse is float32 rather than the input dtype.
 
     Where it runs: bias, mask, segment ids and dropout run in jax_flash's kernels on both
-    platforms: the CPU kernels, and on a GPU the portable (sm80) kernels, also on Hopper,
-    except that without dropout the Hopper forward runs them there (not a bias at head dims
-    <= 64, which is faster on the portable forward), and the Hopper backward runs segment ids
-    alone, or a bias / mask without segment ids (softcap or deterministic=True: the portable
-    backward);
+    platforms: the CPU kernels, and on a GPU the portable (sm80) kernels, except that on
+    Hopper the Hopper forward runs segment ids, bias and mask in any mix (not a bias at head
+    dims <= 64 read element-wise, which is faster on the portable forward) and dropout alone,
+    and the Hopper backward runs one of segment ids, bias / mask or dropout without softcap
+    or deterministic=True (the other mixes: the portable kernels);
     implementation="hopper" with any of them is an error. The bias
     is read through its broadcast strides (never expanded); its gradient over broadcast axes is
     summed with float atomics on the GPU.

@@ -325,13 +325,16 @@ grads(bias=bias)
 grads(mask=mask, is_causal=True)
 grads(bias=bias, softcap=20.0)
 grads(mask=mask, dropout_rate=0.1, dropout_rng=jax.random.key(0))
+grads(dropout_rate=0.1, dropout_rng=jax.random.key(0))
+grads(dropout_rate=0.1, dropout_rng=jax.random.key(0), softcap=20.0)
 """
 
 
 def test_gpu_kernel_routing_on_hopper(tmp_path):
     """Which kernels run calls with optional inputs (kernel='auto'), from the handlers' log
     (JAX_FLASH_LOG_KERNELS=1): on Hopper both passes of bias / mask calls run the Hopper kernels;
-    softcap sends the backward of a bias call to the portable kernels, dropout both passes."""
+    softcap sends the backward of a bias call to the portable kernels; dropout runs on the Hopper
+    kernels alone (its backward not with softcap), with a mask on the portable ones."""
     if jax.devices()[0].compute_capability != "9.0":
         pytest.skip("not a Hopper GPU")
     env = dict(os.environ, JAX_FLASH_LOG_KERNELS="1")
@@ -344,6 +347,8 @@ def test_gpu_kernel_routing_on_hopper(tmp_path):
         "jax_flash: forward hopper head_dim=128 mask", "jax_flash: backward hopper head_dim=128 mask",
         "jax_flash: backward portable head_dim=128 bias",  # softcap
         "jax_flash: forward portable head_dim=128 mask dropout", "jax_flash: backward portable head_dim=128 mask dropout",
+        "jax_flash: forward hopper head_dim=128 dropout", "jax_flash: backward hopper head_dim=128 dropout",
+        "jax_flash: backward portable head_dim=128 dropout",  # softcap
     }
     assert log == expected, sorted(log)
 
@@ -453,10 +458,11 @@ def test_gpu_hopper_kernel_with_extras_raises():
 
 # ---------------------------------------------------------------------------------- dropout
 #
-# The portable (sm80) kernels, also on Hopper. Their keep decisions are those of the CPU backend
-# (one Philox4x32-10 per (seed, b, h, i, j // 4), cuda/common/philox.h): checked bit for bit
-# against the numpy Philox of test_dropout.py, and outputs / gradients against the float64
-# reference with that mask and against the CPU backend run with the same key.
+# The portable (sm80) kernels, and on Hopper the Hopper kernels (kernel="auto": dropout without
+# segment ids, bias or mask; the backward also without softcap). Their keep decisions are those
+# of the CPU backend (one Philox4x32-10 per (seed, b, h, i, j // 4), cuda/common/philox.h):
+# checked bit for bit against the numpy Philox of test_dropout.py, and outputs / gradients
+# against the float64 reference with that mask and against the CPU backend run with the same key.
 
 from test_dropout import check_case as dropout_check_case  # noqa: E402
 from test_dropout import np_keep, seed_of  # noqa: E402
@@ -473,20 +479,32 @@ DROPOUT_CASES = {
     "lengths_bias_h72": (2, 75, 133, 4, 4, 72, 0.3, dict(key_value_seq_lengths=_KVL), dict(kv_lens=_KVL),
                          (1, 4, 75, 133), False),
     "h256": (1, 300, 257, 2, 1, 256, 0.25, dict(is_causal=True), dict(causal=True), None, False),
+    # Many key / query blocks per (batch, head): the Hopper kernels' tile loops and schedules
+    # (causal: the dynamic one), and softcap (Hopper forward, portable backward).
+    "long_causal_gqa": (1, 700, 900, 4, 2, 128, 0.2, dict(is_causal=True), dict(causal=True), None, False),
+    "long_h64": (2, 300, 1100, 2, 1, 64, 0.1, {}, {}, None, False),
+    "window_h256": (1, 520, 600, 2, 2, 256, 0.15, dict(local_window_size=(200, 50)), dict(window=(200, 50)), None,
+                    False),
+    "softcap": (2, 200, 333, 2, 2, 128, 0.3, dict(softcap=20.0), dict(softcap=20.0), None, False),
 }
 
+# kernel="auto" (on Hopper the Hopper kernels where they take the call) and the portable kernels.
+DROPOUT_IMPLS = {"auto": None, "portable": "portable"}
 
+
+@pytest.mark.parametrize("impl", list(DROPOUT_IMPLS))
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("case", list(DROPOUT_CASES))
-def test_gpu_dropout_matches_reference_and_cpu_backend(case, dtype):
+def test_gpu_dropout_matches_reference_and_cpu_backend(case, dtype, impl):
     """out, lse, dq, dk, dv (dbias) under the 2x rule against the float64 reference with the numpy
     Philox mask, and against the CPU backend with the same key (rounding differences only)."""
     B, T, S, N, K, H, rate, kw, rkw, bias_shape, broadcast = DROPOUT_CASES[case]
+    kw = dict(kw, implementation=DROPOUT_IMPLS[impl])
     dropout_check_case(B, T, S, N, K, H, dtype, rate, kw, rkw, bias_shape=bias_shape, broadcast=broadcast,
                        seed=zlib.crc32(case.encode()) % 1000, against_cpu=True)
 
 
-def _gpu_keep_masks(B, T, S, N, rate, rng, dtype, broadcast=False):
+def _gpu_keep_masks(B, T, S, N, rate, rng, dtype, broadcast=False, impl="auto"):
     """The kernels' keep masks [B, N, T, S] read off the GPU, from the forward and from the
     backward (no GQA; H = S >= T). q = 0 makes P uniform: with v = identity, out[b, t, n, s] =
     keep / (S (1 - rate)); with dO[b, t, n] = e_t, dV[b, s, n, t] = keep[b, n, t, s] / (S (1 - rate)),
@@ -495,7 +513,7 @@ def _gpu_keep_masks(B, T, S, N, rate, rng, dtype, broadcast=False):
     v = jnp.broadcast_to(jnp.eye(S, dtype=dtype)[None, :, None, :], (B, S, N, S))
     do = jnp.broadcast_to(jnp.eye(T, S, dtype=dtype)[None, :, None, :], (B, T, N, S))
     f = lambda v: jax_flash.dot_product_attention(q, v, v, dropout_rate=rate, dropout_rng=rng,
-                                                  broadcast_dropout=broadcast)
+                                                  broadcast_dropout=broadcast, implementation=DROPOUT_IMPLS[impl])
 
     def out_and_dv(v, do):  # v also serves as k: dK = scale * dS^T Q = 0 exactly, so this is dV
         out, vjp = jax.vjp(f, v)
@@ -514,17 +532,18 @@ def _gpu_keep_masks(B, T, S, N, rate, rng, dtype, broadcast=False):
 KEEP_SHAPES = [(2, 150, 230, 3), (1, 100, 126, 4)]
 
 
+@pytest.mark.parametrize("impl", list(DROPOUT_IMPLS))
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("shape", KEEP_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("rate", [0.1, 0.5, 0.9])
-def test_gpu_dropout_mask_is_the_philox_mask_with_the_right_rate(rate, shape, dtype):
+def test_gpu_dropout_mask_is_the_philox_mask_with_the_right_rate(rate, shape, dtype, impl):
     """The dropped set of the GPU forward and backward equals the numpy Philox mask (hence the
     CPU backend's) bit for bit; the kept fraction, over all and per Philox output word, is within
     5 sigma of 1 - rate."""
     B, T, S, N = shape
     rng = jax.random.key(int(rate * 100) + S)
     want = np_keep(seed_of(rng), B, N, T, S, rate)
-    fwd, bwd = _gpu_keep_masks(B, T, S, N, rate, rng, dtype)
+    fwd, bwd = _gpu_keep_masks(B, T, S, N, rate, rng, dtype, impl=impl)
     np.testing.assert_array_equal(fwd, want)
     np.testing.assert_array_equal(bwd, want)
     sigma = lambda n: np.sqrt(rate * (1 - rate) / n)
@@ -534,10 +553,11 @@ def test_gpu_dropout_mask_is_the_philox_mask_with_the_right_rate(rate, shape, dt
         assert abs(part.mean() - (1 - rate)) < 5 * sigma(part.size), (r, part.mean())
 
 
-def test_gpu_broadcast_dropout_mask():
+@pytest.mark.parametrize("impl", list(DROPOUT_IMPLS))
+def test_gpu_broadcast_dropout_mask(impl):
     B, T, S, N = 2, 40, 72, 3
     rng = jax.random.key(3)
-    fwd, bwd = _gpu_keep_masks(B, T, S, N, 0.4, rng, jnp.bfloat16, broadcast=True)
+    fwd, bwd = _gpu_keep_masks(B, T, S, N, 0.4, rng, jnp.bfloat16, broadcast=True, impl=impl)
     want = np_keep(seed_of(rng), B, N, T, S, 0.4, broadcast=True)
     np.testing.assert_array_equal(fwd, want)
     np.testing.assert_array_equal(bwd, want)

@@ -1,5 +1,5 @@
 """The Hopper kernels that take optional inputs (segment ids, bias / mask: forward and backward,
-dbias summed over each kind of broadcast axis; S = 336 takes the TMA-staged bias / mask tiles at H <= 128) on small shapes, for compute-sanitizer on the GPU machine (the harnesses of
+dbias summed over each kind of broadcast axis; dropout; S = 336 takes the TMA-staged bias / mask tiles at H <= 128) on small shapes, for compute-sanitizer on the GPU machine (the harnesses of
 tools/sanitize.sh run the plain kernels only). Checks only jax_flash's kernels:
   compute-sanitizer --tool memcheck --error-exitcode 99 --kernel-name kns=jax_flash \
       python3 tools/sanitize_extras.py
@@ -65,6 +65,8 @@ for H in (64, 128, 256):
     case(H, T, S, False, dict(mask=mask, query_segment_ids=qseg, key_value_segment_ids=kseg), "mask + segments")
     case(H, T, S, True, dict(bias=bias[:, :, :, :1]), "dense bwd: dbias over keys")
     case(H, T, S, False, dict(bias=bias[:, :, :1, :], mask=mask), "dense bwd: dbias over rows + mask")
+    for causal in (False, True):
+        case(H, T, S, causal, dict(dropout_rate=0.2, dropout_rng=jax.random.key(11)), "dropout")
     S2 = 336  # rows of 16-byte multiples: the bias / mask tiles come by TMA (dense_tma.h) at H <= 128
     bias2 = jax.random.normal(jax.random.key(9), (1, 2, T, S2), jnp.float32)
     mask2 = jax.random.bernoulli(jax.random.key(10), 0.7, (2, 1, T, S2))

@@ -4,6 +4,7 @@ TFLOP/s over the same-segment pairs (bias / mask: over every pair the causal rul
 for a call without them; backward = 2.5x the forward's FLOPs, FlashAttention's count).
   python3 tools/segment_bench.py            # packed sequences: 1 / 8 / 64 equal segments
   python3 tools/segment_bench.py --dense    # a bias [1, 1, T, S] float32 / a mask [B, 1, T, S]
+  python3 tools/segment_bench.py --dropout  # dropout 0.1, and the same call without it
   add --fwd to time the forward alone, --h=128 for one head dim"""
 import sys
 
@@ -55,6 +56,14 @@ if "--dense" in sys.argv:
             pairs = B * N * (S * (S + 1) / 2 if causal else S * S)
             report("bias 1x1xTxS f32", H, causal, pairs, timings(q, k, v, causal, dict(bias=bias)))
             report("mask Bx1xTxS", H, causal, pairs, timings(q, k, v, causal, dict(mask=mask)))
+elif "--dropout" in sys.argv:
+    for H, N in HEADS:
+        q, k, v = qkv(B, S, N, H)
+        for causal in [False, True]:
+            pairs = B * N * (S * (S + 1) / 2 if causal else S * S)
+            kw = dict(dropout_rate=0.1, dropout_rng=jax.random.key(3))
+            report("dropout 0.1", H, causal, pairs, timings(q, k, v, causal, kw))
+            report("none", H, causal, pairs, timings(q, k, v, causal, {}))
 else:
     for H, N in HEADS:
         q, k, v = qkv(B, S, N, H)

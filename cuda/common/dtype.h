@@ -51,10 +51,20 @@ JF_HOST_DEVICE float fp16_to_float(uint16_t h) {
 #endif
 }
 
-// Element `offset` of `base` (of dtype), widened to float.
+// A load of a kernel input (no kernel writes it): the read-only data path on the GPU.
+template <typename T>
+JF_HOST_DEVICE T load_input(const T* p) {
+#if defined(__CUDA_ARCH__)
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
+// Element `offset` of the input `base` (of dtype), widened to float.
 JF_HOST_DEVICE float load_float(const void* base, DType dtype, int64_t offset) {
-  if (dtype == DType::kFloat32) return static_cast<const float*>(base)[offset];
-  const uint16_t h = static_cast<const uint16_t*>(base)[offset];
+  if (dtype == DType::kFloat32) return load_input(static_cast<const float*>(base) + offset);
+  const uint16_t h = load_input(static_cast<const unsigned short*>(base) + offset);
   return dtype == DType::kBFloat16 ? bf16_to_float(h) : fp16_to_float(h);
 }
 

@@ -65,9 +65,9 @@ struct FlashFwdParams {
   bool bottom_right = false;  // add (kv_len_b - q_len_b) to q_offset per batch (KV-cache alignment)
 
   // --- optional element-wise inputs, appended last; nullptr = off. Read by the CPU backend and
-  // the sm80 kernels (their kExtras variants). The sm90 forward takes all but dropout, the sm90
-  // backward segment ids or bias / mask (hopper_fwd_takes_extras, hopper_bwd_takes_extras); the CUDA
-  // handlers route the other calls with any of them to sm80 (has_extras). ---
+  // the sm80 kernels (their kExtras variants). The sm90 forward takes all of them (dropout alone),
+  // the sm90 backward segment ids, bias / mask or dropout, one kind at a time (hopper_fwd_takes_extras,
+  // hopper_bwd_takes_extras); the CUDA handlers route the other calls with any of them to sm80. ---
   // Packed sequences: key j is visible to query i only if their segment ids are equal.
   const int32_t* q_segment_ids = nullptr;   // [batch, seqlen_q]
   const int32_t* kv_segment_ids = nullptr;  // [batch, seqlen_k]; set iff q_segment_ids is
@@ -129,24 +129,27 @@ struct FlashBwdParams : FlashFwdParams {
   int head_dim_rounded = 0;
   bool deterministic = false;  // GPU: no order-dependent float atomics
   // --- optional output: float32 gradient of the bias, with the bias's own (broadcast) shape
-  // and strides (a broadcast axis has stride 0 in bias_*_stride and is summed over here) ---
+  // and strides (a broadcast axis has stride 0 in bias_*_stride and is summed over here).
+  // The kernels add into it: the caller zeroes it (the FFI handler, once per call). ---
   float* dbias = nullptr;
   int64_t dbias_batch_stride = 0, dbias_head_stride = 0, dbias_row_stride = 0, dbias_col_stride = 0;
 };
 
-// Whether a call has any optional input (segment ids, bias, mask, dropout): the GPU runs such
-// calls on the sm80 kernels' kExtras variants (the sm90 kernels take none of them).
+// Whether a call has any optional input (segment ids, bias, mask, dropout): the sm80 kernels run
+// such calls on their kExtras variants; kernel='hopper' refuses them (cuda_handlers.cc).
 JF_HOST_DEVICE bool has_extras(const FlashFwdParams& p) {
   return p.q_segment_ids != nullptr || p.bias != nullptr || p.mask != nullptr || p.dropout_keys != nullptr;
 }
 
-// The sm90 forward runs every optional input but dropout; segment ids need the workspace for
+// The sm90 forward runs every optional input; dropout only alone (its own kernels; with segment
+// ids, a bias or a mask it runs on the portable forward). Segment ids need the workspace for
 // their key ranges (tile_counter, sized by workspace_ints over seqlen_q); a bias needs 1 / scale finite
 // without softcap (the kernel adds bias / scale to the unscaled logits: scale 0 would give NaN).
 JF_HOST_DEVICE bool hopper_fwd_takes_extras(const FlashFwdParams& p) {
   float const inv_scale = 1.f / p.scale;
   bool const bias_ok = p.bias == nullptr || p.softcap > 0.f || (inv_scale <= FLT_MAX && inv_scale >= -FLT_MAX);
-  return p.dropout_keys == nullptr && bias_ok && (p.q_segment_ids == nullptr || p.tile_counter != nullptr);
+  bool const dropout_ok = p.dropout_keys == nullptr || (p.q_segment_ids == nullptr && p.bias == nullptr && p.mask == nullptr);
+  return dropout_ok && bias_ok && (p.q_segment_ids == nullptr || p.tile_counter != nullptr);
 }
 
 // Bytes of one bias element: float32, or bfloat16 / float16.
@@ -190,13 +193,15 @@ inline int64_t workspace_ints(int batch, int chunked_len, bool segment_ids) {
 }
 
 // The sm90 backward runs segment ids, or a bias and / or a mask (with dbias; sm90/dense_bwd.h),
-// each without softcap or the deterministic mode; segment ids alone, given their workspace
-// (tile_counter, sized by workspace_ints over seqlen_k). The other mixes run on the sm80 kernels.
+// or dropout, each alone and without softcap or the deterministic mode; segment ids given their
+// workspace (tile_counter, sized by workspace_ints over seqlen_k). The other mixes run on the sm80
+// kernels.
 JF_HOST_DEVICE bool hopper_bwd_takes_extras(const FlashBwdParams& p) {
   bool const dense = p.bias != nullptr || p.mask != nullptr;
   bool const seg = p.q_segment_ids != nullptr;
-  if (p.dropout_keys != nullptr || (dense && seg)) return false;
-  if (!dense && !seg) return true;
+  bool const drop = p.dropout_keys != nullptr;
+  if (int(dense) + int(seg) + int(drop) > 1) return false;
+  if (!dense && !seg && !drop) return true;
   return !p.deterministic && !(p.softcap > 0.f) && (!seg || p.tile_counter != nullptr);
 }
 

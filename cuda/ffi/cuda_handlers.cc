@@ -124,10 +124,12 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
     return ffi::Error::InvalidArgument(
         "jax_flash: deterministic=True is not supported with a bias broadcast over batch, heads, queries or keys "
         "(its gradient is summed with float atomics on the GPU); pass a full-size bias or deterministic=False");
-  if (p.batch == 0) {  // empty batch: a bias broadcast over it gets a zero gradient, nothing else
-    size_t const n = dbias->size_bytes();
-    return to_ffi(n ? cudaMemsetAsync(dbias->untyped_data(), 0, n, stream) : cudaSuccess, "zeroing dbias");
+  // dbias is a float32 sum over the bias's broadcast axes (REDs in either backward): zeroed here,
+  // once, whichever kernel runs; an empty batch gets just that (a zero gradient).
+  if (size_t const n = dbias->size_bytes()) {
+    if (auto e = to_ffi(cudaMemsetAsync(dbias->untyped_data(), 0, n, stream), "zeroing dbias"); e.failure()) return e;
   }
+  if (p.batch == 0) return ffi::Error::Success();
   p.dq = dq->untyped_data();
   p.dk = dk->untyped_data();
   p.dv = dv->untyped_data();

@@ -16,7 +16,7 @@
 #include <type_traits>
 
 #include "../common/mask.h"
-#include "../common/philox.h"
+#include "../common/dropout_frag.h"
 #include "softmax_sm80.h"
 #include "utils_sm80.h"
 
@@ -245,59 +245,6 @@ __device__ __forceinline__ void bias_probs_grads(TS& s_rc, TP& dp_rc, C const& c
                                           dsum_r, softcap_on);
       break;
   }
-}
-
-// --- attention dropout (common/philox.h: one Philox call decides 4 adjacent key columns) ---
-// A thread's accumulator row holds column pairs (c, c + 1), c = 2 * (lane % 4) plus a multiple
-// of 8, so lanes l and l ^ 1 hold the two halves of the same 4-column groups, on the same rows.
-// Of each two consecutive pairs of a row, the even lane runs Philox for the first one's group
-// and the odd lane for the second one's, and they swap results with one shuffle: one Philox call
-// per 4 elements, none wasted, no per-element call.
-
-// Bit ni set iff element (mi, ni) of the (rows, cols) accumulator view is kept (every lane must
-// call it: shuffles). crc: the tile coordinates; (row0, col0): the tile origin in the sequence.
-template <typename C>
-__device__ __forceinline__ uint32_t dropout_keep_row(HeadDropout const& drop, C const& crc, int mi, int row0,
-                                                     int col0) {
-  constexpr int kCols = decltype(size<1>(crc))::value;
-  static_assert(kCols % 4 == 0 && kCols <= 32, "pairs come in lane-shared couples; one bit per column");
-  const bool odd = threadIdx.x & 1;
-  const int row = row0 + get<0>(crc(mi, 0));
-  uint32_t bits = 0;
-  CUTE_UNROLL
-  for (int ni = 0; ni < kCols; ni += 4) {
-    const int c0 = col0 + get<1>(crc(0, ni)), c1 = col0 + get<1>(crc(0, ni + 2));  // this lane's two pairs
-    const uint32_t mine = drop.keep4(row, (odd ? c1 : c0) >> 2);
-    const uint32_t theirs = __shfl_xor_sync(0xffffffff, mine, 1);
-    bits |= HeadDropout::pair_bits(odd ? theirs : mine, c0) << ni;
-    bits |= HeadDropout::pair_bits(odd ? mine : theirs, c1) << (ni + 2);
-  }
-  return bits;
-}
-
-// Row mi of rc: dropped elements (bits from dropout_keep_row) become 0. Any element type: the
-// forward drops from the 16-bit P (rounding commutes with zeroing, so that equals dropping
-// before the conversion), the backward from float32 P.
-template <typename T>
-__device__ __forceinline__ void drop_row(T& rc, int mi, uint32_t keep_bits) {
-  using V = typename std::remove_reference_t<T>::value_type;
-  CUTE_UNROLL
-  for (int ni = 0; ni < size<1>(rc); ++ni)
-    if (!(keep_bits >> ni & 1u)) rc(mi, ni) = V(0.f);
-}
-
-// Row mi of rc: kept elements times kept_scale, dropped ones 0 (Z o dP in the backward).
-template <typename T>
-__device__ __forceinline__ void drop_row(T& rc, int mi, uint32_t keep_bits, float kept_scale) {
-  CUTE_UNROLL
-  for (int ni = 0; ni < size<1>(rc); ++ni) rc(mi, ni) = (keep_bits >> ni & 1u) ? rc(mi, ni) * kept_scale : 0.f;
-}
-
-// Zero the dropped elements of a whole tile, one row of keep bits at a time (just in time).
-template <typename T, typename C>
-__device__ __forceinline__ void apply_dropout(T& rc, C const& crc, HeadDropout const& drop, int row0, int col0) {
-  CUTE_UNROLL
-  for (int mi = 0; mi < size<0>(rc); ++mi) drop_row(rc, mi, dropout_keep_row(drop, crc, mi, row0, col0));
 }
 
 }  // namespace sm80

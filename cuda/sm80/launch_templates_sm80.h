@@ -58,11 +58,6 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   const int64_t acc_cols = p.head_dim_rounded > 0 ? p.head_dim_rounded : dq_accum_cols(p.head_dim);
   const int64_t rows_total = int64_t(p.batch) * p.heads_q * p.seqlen_q;
   cudaError_t err;
-  // dbias is a float32 sum over the bias's broadcast axes (atomics in the dK/dV kernel).
-  if (p.dbias) {
-    err = cudaMemsetAsync(p.dbias, 0, sizeof(float) * dbias_elements(p), stream);
-    if (err != cudaSuccess) return err;
-  }
   if (rows_total > 0) {
     err = cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * int64_t(p.batch) * p.heads_q * acc_rows * acc_cols, stream);
     if (err != cudaSuccess) return err;

@@ -34,15 +34,8 @@ __forceinline__ __device__ DenseBwd make_dense_bwd(FlashBwdParams const& p, int 
 
 // log2(e) x bias(row, key) (row, key in range). The dtype test is uniform across the kernel.
 __forceinline__ __device__ float dense_bias_log2(DenseBwd const& d, int64_t row, int64_t key) {
-  int64_t const off = row * d.p->bias_row_stride + key * d.p->bias_col_stride;
-  float b;
-  if (d.p->bias_dtype == DType::kFloat32) {
-    b = __ldg(reinterpret_cast<float const*>(d.bias) + off);
-  } else {
-    uint16_t const h = __ldg(reinterpret_cast<unsigned short const*>(d.bias) + off);
-    b = d.p->bias_dtype == DType::kBFloat16 ? bf16_to_float(h) : fp16_to_float(h);
-  }
-  return b * 1.44269504088896340736f;
+  return load_float(d.bias, d.p->bias_dtype, row * d.p->bias_row_stride + key * d.p->bias_col_stride) *
+         1.44269504088896340736f;
 }
 
 // The exp2 argument with the bias term, and the mask's verdict, for (row, key); rows / keys past
@@ -83,6 +76,14 @@ __forceinline__ __device__ void dense_bwd_prefetch(DenseBwd const& d, int64_t ke
   }
 }
 
+// v summed over the lanes that differ from this one in the bits kFirst..kLast (powers of 2).
+template <int kFirst, int kLast>
+__forceinline__ __device__ float lane_sum(float v) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int m = kFirst; m <= kLast; m *= 2) v += __shfl_xor_sync(0xffffffff, v, m);
+  return v;
+}
+
 // dS (the gradient of the final logit, before any softcap chain rule) of one step into dbias,
 // summed over its broadcast axes: per element (a RED onto zero: exact for a full-size dbias), or
 // reduced in registers and across the lanes sharing a key (over rows) or a row (over keys) first,
@@ -106,26 +107,23 @@ __forceinline__ __device__ void dense_bwd_dbias(DenseBwd const& d, TD const& ds,
           atomicAdd(d.dbias + row * d.p->dbias_row_stride + key * d.p->dbias_col_stride, ds(i, j));
       }
     }
-  } else if (over_rows && !over_keys) {  // a key's rows: this thread's, then lanes l ^ 1, l ^ 2
+  } else if (over_rows && !over_keys) {  // a key's rows: this thread's, then the lanes of its quad
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kKeys; ++i) {
       float v = 0.f;
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < kRows; ++j) v += ds(i, j);
-      v += __shfl_xor_sync(0xffffffff, v, 1);
-      v += __shfl_xor_sync(0xffffffff, v, 2);
+      v = lane_sum<1, 2>(v);
       int64_t const key = key0 + int(get<0>(c(i, 0)));
       if (lane % 4 == 0 && key < d.p->seqlen_k) atomicAdd(d.dbias + key * d.p->dbias_col_stride, v);
     }
-  } else if (!over_rows) {  // a row's keys: this thread's, then lanes l ^ 4, l ^ 8, l ^ 16
+  } else if (!over_rows) {  // a row's keys: this thread's, then the lanes of the same lane % 4
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < kRows; ++j) {
       float v = 0.f;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < kKeys; ++i) v += ds(i, j);
-      v += __shfl_xor_sync(0xffffffff, v, 4);
-      v += __shfl_xor_sync(0xffffffff, v, 8);
-      v += __shfl_xor_sync(0xffffffff, v, 16);
+      v = lane_sum<4, 16>(v);
       int64_t const row = row0 + int(get<1>(c(0, j)));
       if (lane < 4 && row < d.p->seqlen_q) atomicAdd(d.dbias + row * d.p->dbias_row_stride, v);
     }
@@ -133,8 +131,7 @@ __forceinline__ __device__ void dense_bwd_dbias(DenseBwd const& d, TD const& ds,
     float v = 0.f;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kKeys * kRows; ++i) v += ds(i);
-    CUTLASS_PRAGMA_UNROLL
-    for (int s = 16; s > 0; s /= 2) v += __shfl_xor_sync(0xffffffff, v, s);
+    v = lane_sum<1, 16>(v);
     if (lane == 0) atomicAdd(d.dbias, v);
   }
 }

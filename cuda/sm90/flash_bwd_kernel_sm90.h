@@ -37,6 +37,7 @@
 
 #include <cutlass/arch/reg_reconfig.h>
 
+#include "../common/dropout_frag.h"
 #include "../common/mask.h"
 #include "dense_bwd.h"
 #include "scheduler.h"
@@ -384,8 +385,9 @@ __forceinline__ __device__ void bwd_consumer_wait(Pipe& pipe, State& st) {
 // Segments: packed sequences (segment ids; segments.h, the ranges in p.tile_counter's
 // workspace), an instantiation of its own so the other kernels' code is unchanged. Dense: a bias
 // and / or a boolean mask, with dbias (dense_bwd.h): every step takes the element-wise path.
+// Dropout: attention dropout (common/dropout_frag.h), without the other optional inputs.
 template <class Traits, bool Softcap, bool Deterministic, bool Dynamic = false, bool Segments = false,
-          bool Dense = false>
+          bool Dense = false, bool Dropout = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_constant__ const BwdKernelParams<Traits> kp) {
   using T = Traits;
   using Element = typename T::Element;
@@ -394,6 +396,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
   FlashBwdParams const& p = kp.p;
   static_assert(!(Dense && (Softcap || Deterministic || Segments)), "bias / mask run without these (routing)");
+  static_assert(!(Dropout && (Softcap || Deterministic || Segments || Dense)), "dropout runs alone (routing)");
 
   int const warp_group = __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0);
   int const warp_in_wg = __shfl_sync(0xffffffff, (int(threadIdx.x) / 32) % 4, 0);
@@ -709,12 +712,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
             }
           };
           if (full) p_only(cute::false_type{}); else p_only(cute::true_type{});
+          // Dropout's keep bits, still under the dP GEMM: dS = P o (Z o dP / (1 - rate) - D) with
+          // the undropped P, then P o Z for dV (whose 1 / (1 - rate) comes in the epilogue).
+          constexpr int kKeepWords = (kRowsK * kCols + 31) / 32;
+          uint32_t keep[kKeepWords];
+          if constexpr (Dropout)
+            dropout_keep_bits_t(make_head_dropout(p, b, hq), cS_rc, int64_t(n_block) * kBlockN, row0, keep);
           warpgroup_wait<0>();
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kCols; ++j) {
             float const d = s_dsum[int(get<1>(cS_rc(0, j)))];
             CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < kRowsK; ++i) dp_rc(i, j) = s_rc(i, j) * (dp_rc(i, j) - d);
+            for (int i = 0; i < kRowsK; ++i) {
+              if constexpr (Dropout) {
+                bool const kept = keep[(i * kCols + j) / 32] >> ((i * kCols + j) % 32) & 1u;
+                dp_rc(i, j) = s_rc(i, j) * ((kept ? dp_rc(i, j) * p.dropout_scale : 0.f) - d);
+                if (!kept) s_rc(i, j) = 0.f;
+              } else {
+                dp_rc(i, j) = s_rc(i, j) * (dp_rc(i, j) - d);
+              }
+            }
           }
           if constexpr (Dense) dense_bwd_dbias(dense, dp_rc, cS_rc, int64_t(n_block) * kBlockN, row0);
         }
@@ -867,6 +884,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     // Epilogue: dK = scale * dS^T Q, dV; keys past seqlen_k (and columns past head_dim) are dropped.
     // This WG's 64 keys x kdKVCols: dV then dK through its smem buffer, one TMA store each (the
     // per-element stores were ~6% of the stall samples at H=128 4k causal, NOTES.md v27).
+    if constexpr (Dropout) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(tdVrdV); ++i) tdVrdV(i) *= p.dropout_scale;
+    }
     Tensor rdV = make_tensor_like<Element>(tdVrdV);
     convert_out(tdVrdV, rdV);
     CUTLASS_PRAGMA_UNROLL

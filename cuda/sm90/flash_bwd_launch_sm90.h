@@ -47,7 +47,8 @@ template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, St
 // 64 keys per CTA: the WGs split head_dim (BwdTraits::kSplitD).
 template <> struct BwdTileConfig<256> { static constexpr int M = 64, N = 64, Stages = 2, PolyEvery = 0, DynamicCausalMaxS = 1 << 30; };
 
-template <class Traits, bool Softcap, bool Deterministic, bool Segments = false, bool Dense = false>
+template <class Traits, bool Softcap, bool Deterministic, bool Segments = false, bool Dense = false,
+          bool Dropout = false>
 cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   using T = Traits;
   using Element = typename T::Element;
@@ -66,10 +67,6 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   int const n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
 
   cudaError_t err;
-  if (p.dbias) {  // a float32 sum over the bias's broadcast axes (REDs in the main kernel)
-    err = cudaMemsetAsync(p.dbias, 0, sizeof(float) * dbias_elements(p), stream);
-    if (err != cudaSuccess) return err;
-  }
   {  // row statistics + zeroed dq_accum, kHeadDim / 8 threads per (b, t, h) row
     int64_t const threads = int64_t(p.batch) * p.seqlen_q_rounded * p.heads_q * (T::kHeadDim / 8);
     if (threads > 0x7fffffff) return cudaErrorNotSupported;
@@ -133,9 +130,9 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     err = cudaMemsetAsync(counter, 0, sizeof(int32_t), stream);
     if (err != cudaSuccess) return err;
   }
-  auto kernel = &flash_bwd_kernel<T, Softcap, Deterministic, false, Segments, Dense>;
+  auto kernel = &flash_bwd_kernel<T, Softcap, Deterministic, false, Segments, Dense, Dropout>;
   if constexpr (JF_BWD_DYNAMIC && !Deterministic) {
-    if (dynamic) kernel = &flash_bwd_kernel<T, Softcap, false, true, Segments, Dense>;
+    if (dynamic) kernel = &flash_bwd_kernel<T, Softcap, false, true, Segments, Dense, Dropout>;
   }
   constexpr int smem = T::kSmemBytes;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -155,6 +152,12 @@ cudaError_t run_bwd_hdim(const FlashBwdParams& p, cudaStream_t stream) {
   using C = BwdTileConfig<kHeadDim>;
   using T = BwdTraits<kHeadDim, C::M, C::N, C::Stages, Element, C::PolyEvery>;
   // Deterministic is a separate instantiation: its turn-taking stays out of the default kernel.
+  // Dropout: its own instantiation, alone (no bias / mask / segment ids, softcap or the
+  // deterministic mode: the dispatcher sends those mixes to the portable kernels).
+  if (p.dropout_keys) {
+    if (p.bias || p.mask || p.q_segment_ids || p.softcap > 0.f || p.deterministic) return cudaErrorNotSupported;
+    return launch_bwd<T, false, false, false, false, true>(p, stream);
+  }
   // Segment ids: their own instantiation, without softcap or the deterministic mode (the
   // dispatcher sends those to the portable kernels).
   if (p.q_segment_ids) return launch_bwd<T, false, false, true>(p, stream);

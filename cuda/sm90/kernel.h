@@ -23,8 +23,9 @@ __forceinline__ __device__ void tile_key_blocks(FlashFwdParams const& p, SeqMask
 
 // Segments: packed sequences (segment ids, segments.h); an instantiation of its own, so the
 // plain kernels' code is unchanged by it. Dense: bias and / or a boolean mask, and segment ids
-// checked at run time (with Segments = false).
-template <class Traits, bool Softcap, bool Segments, bool Dense = false>
+// checked at run time (with Segments = false). Dropout: attention dropout (common/dropout_frag.h),
+// an instantiation of its own without the other optional inputs.
+template <class Traits, bool Softcap, bool Segments, bool Dense = false, bool Dropout = false>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fwd_kernel(__grid_constant__ const KernelParams<Traits> kp) {
   using T = Traits;
   extern __shared__ __align__(1024) char smem_raw[];
@@ -145,9 +146,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
       softmax.scale_log2 = Softcap ? p.softcap * log2e : p.scale * log2e;
       float inv[2], lse[2];
       if (n_max > n_min) {
-        consumer_mma<T, Softcap, Segments, Dense>(kp, ss, pipe_k, pipe_v, pipe_dense, rd, msk, tc.b, tc.h, tc.m_block, n_min, n_max, tOrO, softmax, tidx, q_phase, ttl);
+        consumer_mma<T, Softcap, Segments, Dense, Dropout>(kp, ss, pipe_k, pipe_v, pipe_dense, rd, msk, tc.b, tc.h, tc.m_block, n_min, n_max, tOrO, softmax, tidx, q_phase, ttl);
         q_phase ^= 1;
         softmax.finalize(inv, lse);
+        if constexpr (Dropout) inv[0] *= p.dropout_scale, inv[1] *= p.dropout_scale;  // kept P / (1 - rate)
       } else {
         clear(tOrO);
         inv[0] = inv[1] = 0.f;

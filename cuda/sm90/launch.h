@@ -58,7 +58,7 @@ template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stage
 template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 1, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, LongN = 0, LongMinS = 0; static constexpr int SchedArrive = 0; };
 template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 32, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, LongN = 0, LongMinS = 0; static constexpr int SchedArrive = 0; };
 
-template <class Traits, bool Softcap, bool Segments, bool Dense = false>
+template <class Traits, bool Softcap, bool Segments, bool Dense = false, bool Dropout = false>
 cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   using T = Traits;
   using Element = typename T::Element;
@@ -111,7 +111,7 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   }
   int64_t const slots = int64_t(sms) * T::kCtasPerSm;  // CTAs resident at once
   int grid = int(persistent && tiles > slots ? slots : tiles);
-  auto kernel = &flash_fwd_kernel<T, Softcap, Segments, Dense>;
+  auto kernel = &flash_fwd_kernel<T, Softcap, Segments, Dense, Dropout>;
   constexpr int smem = T::kSmemBytes;
   // Cheap and idempotent; keeps the launch free of any one-time global state.
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -139,6 +139,14 @@ cudaError_t run_fwd_tiles(const FlashFwdParams& p, cudaStream_t stream) {
 template <int kHeadDim, class Element>
 cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
   using C = TileConfig<kHeadDim>;
+  if (p.dropout_keys) {
+    // Dropout: the default tiles, without the other optional inputs (hopper_fwd_takes_extras
+    // sends those mixes to the portable forward).
+    if (p.bias || p.mask || p.q_segment_ids) return cudaErrorNotSupported;
+    using T = FwdTraits<kHeadDim, C::M, C::N, C::Stages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive>;
+    if (p.softcap > 0.f) return launch_fwd<T, true, false, false, true>(p, stream);
+    return launch_fwd<T, false, false, false, true>(p, stream);
+  }
   if (p.bias || p.mask) {
     // Bias / mask (segment ids with them: checked at run time). Where TMA can copy them, the
     // producer stages each key block's bias / mask tiles in smem (dense_tma.h; 64-key blocks,

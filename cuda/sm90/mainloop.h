@@ -2,6 +2,7 @@
 // halves of the forward mainloop.
 #pragma once
 
+#include "../common/dropout_frag.h"
 #include "dense.h"
 #include "segments.h"
 #include "softmax.h"
@@ -99,8 +100,10 @@ __forceinline__ __device__ void consumer_wait(Pipe& pipe, State& st) {
 }
 
 // Consumer mainloop for one tile. Leaves the unnormalised O in tOrO; returns 1/rowsum and
-// LSE per owned row.
-template <class Traits, bool Softcap, bool Segments, bool Dense, class DensePipe, class TO, class Softmax>
+// LSE per owned row. Dropout: each block's P is dropped after it entered the row sums (lse and
+// the normaliser stay those of the undropped softmax; the kernel scales O by 1 / (1 - rate)),
+// while the previous block's PV GEMM runs.
+template <class Traits, bool Softcap, bool Segments, bool Dense, bool Dropout, class DensePipe, class TO, class Softmax>
 __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typename Traits::SharedStorage& ss,
                                              typename Traits::Pipeline& pipe_k, typename Traits::Pipeline& pipe_v,
                                              DensePipe& pipe_dense, typename Traits::PipelineState& rd, SeqMask const& msk, int b, int h, int m_block,
@@ -184,6 +187,7 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
       }
       softmax.template step<Is_first, true>(s_rc, rescale, hook);
     }
+    if constexpr (Dropout) apply_dropout(s_rc, cS_rc, make_head_dropout(kp.p, b, h), m0, n0);
   };
 
   Tensor tSrS0 = partition_fragment_C(mma_qk, select<0, 1>(typename T::TileShapeQK{}));

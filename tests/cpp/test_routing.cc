@@ -71,10 +71,19 @@ int main() {
     expect(hopper_fwd_takes_extras(p), false, "bias with scale 0");
     p.softcap = 5.f;  // with softcap the bias is added in units of 1 / softcap
     expect(hopper_fwd_takes_extras(p), true, "bias with scale 0 and softcap");
-    p = fwd(h), p.mask = mask, p.dropout_keys = keys;
-    expect(hopper_fwd_takes_extras(p), false, "dropout");
+    p = fwd(h), p.dropout_keys = keys;
+    expect(hopper_fwd_preferred(p), true, "dropout");
+    p.softcap = 30.f;
+    expect(hopper_fwd_preferred(p), true, "dropout + softcap");
+    p.softcap = 0.f, p.mask = mask;
+    expect(hopper_fwd_takes_extras(p), false, "dropout + mask");
+    p.mask = nullptr, p.bias = bias;
+    expect(hopper_fwd_takes_extras(p), false, "dropout + bias");
+    p.bias = nullptr, p.q_segment_ids = p.kv_segment_ids = ids;
+    expect(hopper_fwd_takes_extras(p), false, "dropout + segment ids");
   }
-  // The Hopper backward: segment ids or bias / mask, not with softcap or deterministic.
+  // The Hopper backward: segment ids, bias / mask or dropout, one kind at a time, not with softcap
+  // or deterministic.
   FlashBwdParams b;
   b.head_dim = 128;
   b.tile_counter = counter;
@@ -99,6 +108,14 @@ int main() {
   expect(hopper_bwd_takes_extras(b), false, "bwd mask + deterministic");
   b.deterministic = false, b.dropout_keys = keys;
   expect(hopper_bwd_takes_extras(b), false, "bwd mask + dropout");
+  b.mask = nullptr;
+  expect(hopper_bwd_takes_extras(b), true, "bwd dropout");
+  b.softcap = 30.f;
+  expect(hopper_bwd_takes_extras(b), false, "bwd dropout + softcap");
+  b.softcap = 0.f, b.deterministic = true;
+  expect(hopper_bwd_takes_extras(b), false, "bwd dropout + deterministic");
+  b.deterministic = false, b.q_segment_ids = b.kv_segment_ids = ids, b.tile_counter = counter;
+  expect(hopper_bwd_takes_extras(b), false, "bwd dropout + segment ids");
   std::printf("%d routing failures\n", failures);
   return failures ? 1 : 0;
 }

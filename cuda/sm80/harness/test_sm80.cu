@@ -262,6 +262,15 @@ static void fill_params(const Case& c, const Dev& d, FlashBwdParams& p) {
 }
 
 // The dropout key table of a call: one random 64-bit seed, coordinates (b, h) or (0, 0).
+// The FFI handler's part of a backward call: dbias zeroed (the kernels add into it), then the kernels.
+static cudaError_t run_bwd(const FlashBwdParams& p) {
+  if (p.dbias) {
+    const cudaError_t e = cudaMemsetAsync(p.dbias, 0, sizeof(float) * dbias_elements(p), 0);
+    if (e != cudaSuccess) return e;
+  }
+  return flash_bwd_sm80(p, 0);
+}
+
 static std::vector<uint32_t> dropout_keys(const Case& c, std::mt19937& rng) {
   std::vector<uint32_t> t(size_t(c.B) * c.Nq * 4);
   const uint32_t lo = rng(), hi = rng();
@@ -357,7 +366,7 @@ static bool run_case(const Case& c, std::mt19937& rng) {
     if (c.bias_f32) CK(cudaMemcpy(d.bias, X.bias32.data(), nb * 4, cudaMemcpyHostToDevice));
     else CK(cudaMemcpy(d.bias, X.bias16.data(), nb * 2, cudaMemcpyHostToDevice));
     CK(cudaMalloc(&d.dbias, nb * 4));
-    CK(cudaMemset(d.dbias, 0xff, nb * 4));  // poisoned: the launcher must zero it
+    CK(cudaMemset(d.dbias, 0xff, nb * 4));  // poisoned: run_bwd must zero it
   }
   if (c.mask >= 0) {
     CK(cudaMalloc(&d.mask, X.mshape.n));
@@ -375,7 +384,7 @@ static bool run_case(const Case& c, std::mt19937& rng) {
   FlashBwdParams p; fill_params(c, d, p);
   CK(flash_fwd_sm80(p, 0));
   CK(cudaDeviceSynchronize());
-  CK(flash_bwd_sm80(p, 0));
+  CK(run_bwd(p));
   CK(cudaDeviceSynchronize());
   std::vector<float> o = d2h16(d.o, nq), dq = d2h16(d.dq, nq), dk = d2h16(d.dk, nk), dv = d2h16(d.dv, nk);
   std::vector<float> lse(nl); CK(cudaMemcpy(lse.data(), d.lse, nl * 4, cudaMemcpyDeviceToHost));
@@ -383,7 +392,7 @@ static bool run_case(const Case& c, std::mt19937& rng) {
   if (c.bias >= 0) CK(cudaMemcpy(dbias.data(), d.dbias, dbias.size() * 4, cudaMemcpyDeviceToHost));
   bool det_ok = true;
   if (c.det) {
-    CK(flash_bwd_sm80(p, 0)); CK(cudaDeviceSynchronize());
+    CK(run_bwd(p)); CK(cudaDeviceSynchronize());
     std::vector<float> dq2 = d2h16(d.dq, nq), dk2 = d2h16(d.dk, nk), dv2 = d2h16(d.dv, nk);
     det_ok = !memcmp(dq.data(), dq2.data(), nq * 4) && !memcmp(dk.data(), dk2.data(), nk * 4) && !memcmp(dv.data(), dv2.data(), nk * 4);
     if (c.bias >= 0) {
@@ -451,9 +460,9 @@ static void bench(int B, int T, int N, int H, bool causal, bool bf16, float drop
   };
   const double flops = 4.0 * B * N * double(T) * T * H * (causal ? 0.5 : 1.0);
   float tf = time_it([&] { return flash_fwd_sm80(p, 0); });
-  float tb = time_it([&] { return flash_bwd_sm80(p, 0); });
+  float tb = time_it([&] { return run_bwd(p); });
   p.deterministic = true;
-  float td = time_it([&] { return flash_bwd_sm80(p, 0); });
+  float td = time_it([&] { return run_bwd(p); });
   printf("bench %s B%-2d T=S=%-5d N%-2d H%d %-7s%s fwd %7.3f ms %6.1f TFLOP/s | bwd %7.3f ms %6.1f TFLOP/s | bwd-det %7.3f ms %6.1f TFLOP/s\n",
          bf16 ? "bf16" : "fp16", B, T, N, H, causal ? "causal" : "full", drop > 0 ? " dropout" : "", tf, flops / tf / 1e9, tb,
          2.5 * flops / tb / 1e9, td, 2.5 * flops / td / 1e9);
