@@ -301,6 +301,33 @@ def test_gpu_dense_backward(H, case, dtype):
                bias_dtype=bias_dtype, seed=H + len(case))
 
 
+# name -> (drop-in kwargs, reference kwargs, bias shape or None, bias dtype, mask shape or None)
+# over B, T, S, N, K = 2, 200, 336, 4, 2: rows of 16-byte multiples, so on Hopper at head dims
+# 72..128 the backward's bias / mask tiles come by TMA (dense_bwd_tiles_by_tma), except for a
+# float32 bias with a mask (no room: the element-wise path, here for comparison).
+DENSE_TILE_CASES = {
+    "f32_full_causal": (dict(is_causal=True), dict(causal=True), (2, 4, 200, 336), jnp.float32, None),
+    "f32_shared": ({}, {}, (1, 1, 200, 336), jnp.float32, None),
+    "bf16_mask_lengths": (dict(query_seq_lengths=_QL), dict(q_lens=_QL), (2, 1, 200, 336), jnp.bfloat16, (1, 4, 200, 336)),
+    "f16_window": (dict(local_window_size=(70, 30)), dict(window=(70, 30)), (1, 4, 200, 336), jnp.float16, None),
+    "mask_causal": (dict(is_causal=True), dict(causal=True), None, jnp.float32, (2, 4, 200, 336)),
+    "f32_and_mask": ({}, {}, (2, 4, 200, 336), jnp.float32, (2, 1, 200, 336)),
+}
+
+
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("case", list(DENSE_TILE_CASES))
+@pytest.mark.parametrize("H", [96, 128])
+def test_gpu_dense_backward_tiles(H, case, dtype):
+    """Bias / mask gradients with the tiles by TMA in the Hopper backward (cuda/sm90/dense_bwd.h,
+    NOTES.md v53): dq, dk, dv and dbias under the 2x rule; H = 96 runs padded on the 128 kernel."""
+    B, T, S, N, K = 2, 200, 336, 4, 2
+    ours, ref, bias_shape, bias_dtype, mask_shape = DENSE_TILE_CASES[case]
+    mask = None if mask_shape is None else rand_mask(70 + H, mask_shape)
+    check_case(B, T, S, N, K, H, dtype, dropin(mask=mask, **ours), ref_of(mask=mask, **ref), bias_shape=bias_shape,
+               bias_dtype=bias_dtype, seed=H + 3 * len(case))
+
+
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("shape", [(2, 1, 1, 4, 2), (1, 1, 77, 2, 1), (2, 5, 3, 2, 2), (1, 70, 1, 4, 4)],
                          ids=lambda s: "x".join(map(str, s)))
@@ -324,6 +351,8 @@ def grads(**kw):
 grads(bias=bias)
 grads(mask=mask, is_causal=True)
 grads(bias=bias, softcap=20.0)
+grads(bias=bias, mask=mask)  # a float32 bias and a mask: the backward's tiles have no room for both
+grads(bias=bias[..., :1])    # broadcast over keys: no TMA tiles
 grads(mask=mask, dropout_rate=0.1, dropout_rng=jax.random.key(0))
 grads(dropout_rate=0.1, dropout_rng=jax.random.key(0))
 grads(dropout_rate=0.1, dropout_rng=jax.random.key(0), softcap=20.0)
@@ -332,9 +361,10 @@ grads(dropout_rate=0.1, dropout_rng=jax.random.key(0), softcap=20.0)
 
 def test_gpu_kernel_routing_on_hopper(tmp_path):
     """Which kernels run calls with optional inputs (kernel='auto'), from the handlers' log
-    (JAX_FLASH_LOG_KERNELS=1): on Hopper both passes of bias / mask calls run the Hopper kernels;
-    softcap sends the backward of a bias call to the portable kernels; dropout runs on the Hopper
-    kernels alone (its backward not with softcap), with a mask on the portable ones."""
+    (JAX_FLASH_LOG_KERNELS=1): on Hopper both passes of bias / mask calls run the Hopper kernels,
+    with the tiles by TMA where the layout allows ("tiles"; the backward not for a float32 bias
+    with a mask); softcap sends the backward of a bias call to the portable kernels; dropout runs on
+    the Hopper kernels alone (its backward not with softcap), with a mask on the portable ones."""
     if jax.devices()[0].compute_capability != "9.0":
         pytest.skip("not a Hopper GPU")
     env = dict(os.environ, JAX_FLASH_LOG_KERNELS="1")
@@ -343,9 +373,11 @@ def test_gpu_kernel_routing_on_hopper(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     log = {line for line in run.stderr.splitlines() if line.startswith("jax_flash: ")}
     expected = {
-        "jax_flash: forward hopper head_dim=128 bias", "jax_flash: backward hopper head_dim=128 bias",
-        "jax_flash: forward hopper head_dim=128 mask", "jax_flash: backward hopper head_dim=128 mask",
+        "jax_flash: forward hopper tiles head_dim=128 bias", "jax_flash: backward hopper tiles head_dim=128 bias",
+        "jax_flash: forward hopper tiles head_dim=128 mask", "jax_flash: backward hopper tiles head_dim=128 mask",
         "jax_flash: backward portable head_dim=128 bias",  # softcap
+        "jax_flash: forward hopper tiles head_dim=128 bias mask", "jax_flash: backward hopper head_dim=128 bias mask",
+        "jax_flash: forward hopper head_dim=128 bias", "jax_flash: backward hopper head_dim=128 bias",
         "jax_flash: forward portable head_dim=128 mask dropout", "jax_flash: backward portable head_dim=128 mask dropout",
         "jax_flash: forward hopper head_dim=128 dropout", "jax_flash: backward hopper head_dim=128 dropout",
         "jax_flash: backward portable head_dim=128 dropout",  # softcap

@@ -174,6 +174,14 @@ JF_HOST_DEVICE bool dense_tiles_by_tma(const FlashFwdParams& p) {
           dense_operand_tma_ok(p.mask, 1, p.mask_batch_stride, p.mask_head_stride, p.mask_row_stride, p.mask_col_stride));
 }
 
+// The Hopper backward stages bias / mask tiles in smem by TMA at head dims 72..128 (its 128
+// instantiation) where the forward could and a consumer WG's tile (64 keys x 64 rows) fits the
+// 16 KB stage: a float32 bias alone, a 16-bit bias with or without a mask, or a mask.
+JF_HOST_DEVICE bool dense_bwd_tiles_by_tma(const FlashBwdParams& p) {
+  return p.head_dim > 64 && p.head_dim <= 128 && dense_tiles_by_tma(p) &&
+         !(p.bias != nullptr && p.mask != nullptr && p.bias_dtype == DType::kFloat32);
+}
+
 // kernel='auto' on Hopper: where the Hopper forward runs a call it takes. A bias at head dims
 // <= 64 loaded element-wise stays on the portable forward, which is faster there (session 16,
 // S=8192 f32 bias [1,1,T,S]: Hopper 0.60-0.69x the portable forward at H=64; 1.13-1.49x at H=128,

@@ -96,7 +96,8 @@ ffi::Error FwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   if (auto e = check_extras_kernel(p, attrs.kernel); e.failure()) return e;
 #ifdef JAX_FLASH_WITH_SM90
   if (want_hopper(attrs.kernel) && hopper_fwd_preferred(p) && workspace_ok) {
-    cudaError_t err = logged(flash_fwd_sm90(p, stream), "forward hopper", p);
+    // "tiles": the bias / mask tiles come by TMA (sm90/dense_tma.h).
+    cudaError_t err = logged(flash_fwd_sm90(p, stream), dense_tiles_by_tma(p) ? "forward hopper tiles" : "forward hopper", p);
     if (err != cudaErrorNotSupported || attrs.kernel == kHopper) return to_ffi(err, "flash_fwd_sm90");
     cudaGetLastError();  // clear the not-supported status before falling back
   }
@@ -148,7 +149,8 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   // The Hopper backward covers head dims that are multiples of 8 up to 256 except 129..192
   // (sm90::padded_head_dim); the others take the portable backward even under kernel='hopper'.
   if (want_hopper(attrs.kernel) && hopper_bwd_takes_extras(p)) {
-    cudaError_t err = logged(flash_bwd_sm90(p, stream), "backward hopper", p);
+    cudaError_t err =
+        logged(flash_bwd_sm90(p, stream), dense_bwd_tiles_by_tma(p) ? "backward hopper tiles" : "backward hopper", p);
     if (err != cudaErrorNotSupported) return to_ffi(err, "flash_bwd_sm90");
     cudaGetLastError();  // clear the not-supported status before falling back
   }

@@ -13,6 +13,7 @@
 #include "../common/dtype.h"
 #include "../common/flash_params.h"
 #include "../common/mask.h"
+#include "dense_tma.h"
 #include "utils.h"
 
 namespace jax_flash::sm90 {
@@ -47,6 +48,74 @@ __forceinline__ __device__ float dense_bwd_logit(DenseBwd const& d, float x_l2, 
   if (d.mask && __ldg(d.mask + r * d.p->mask_row_stride + k * d.p->mask_col_stride) == 0) visible = false;
   return d.bias ? x_l2 + dense_bias_log2(d, r, k) : x_l2;
 }
+
+// The kDenseTma kernels (bias / mask tiles by TMA in smem, NOTES.md v53): the bias dtype, one P
+// loop per kind.
+enum class DenseTileKind { kNone, kF32, kBF16, kF16 };
+__forceinline__ __device__ DenseTileKind dense_tile_kind(FlashBwdParams const& p) {
+  if (!p.bias) return DenseTileKind::kNone;
+  return p.bias_dtype == DType::kFloat32 ? DenseTileKind::kF32
+         : p.bias_dtype == DType::kBFloat16 ? DenseTileKind::kBF16 : DenseTileKind::kF16;
+}
+
+// Byte offsets of a thread's S^T fragment elements (c: their (key, row) coordinates; keys of
+// this WG from key_shift) in a WG's tile of kElemBytes elements (dense_tma.h's layout). The
+// swizzle repeats every 8 rows and a thread's rows are those of columns 0 and 1 plus multiples of
+// 8, so element (i, j) sits at base[i][j % 2] + (its row - the row of column j % 2) x the row's
+// bytes: four bases, formed per step from coordinates the compiler cannot hoist (the offsets of
+// every element, hoisted out of the step loop, spilled 0.5-1.4 KB: NOTES.md v53).
+template <int kBlockM, int kElemBytes>
+struct DenseTileOffsets {
+  int base[2][2];
+  template <class TC>
+  __forceinline__ __device__ DenseTileOffsets(TC const& c, int key_shift) {
+    static_assert(decltype(size<0>(c))::value == 2, "two keys per thread");
+    int row0 = int(get<1>(c(0, 0))), key0 = int(get<0>(c(0, 0))) - key_shift;
+    asm volatile("" : "+r"(row0), "+r"(key0));
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int e = 0; e < 2; ++e)
+        base[i][e] = dense_tile_offset<kBlockM, kElemBytes>(row0 + int(get<1>(c(i, e))) - int(get<1>(c(0, 0))),
+                                                            key0 + int(get<0>(c(i, e))) - int(get<0>(c(0, 0))));
+    }
+  }
+  template <class TC>
+  __forceinline__ __device__ int at(TC const& c, int i, int j) const {
+    return base[i][j % 2] + (int(get<1>(c(i, j))) - int(get<1>(c(i, j % 2)))) * dense_box_bytes(kElemBytes);
+  }
+};
+
+// One step's reads of a WG's stage, for a bias of kind kKind (DenseTileKind): the exp2 argument
+// with log2(e) x bias, and the mask's verdict, of element (i, j) of a thread's S^T fragment. Rows /
+// keys past the ends read zeros (TMA's fill; the interval rule masks them).
+template <int kKind, int kBlockM>
+struct DenseTileRead {
+  static constexpr DenseTileKind kKindE = DenseTileKind(kKind);
+  uint8_t const* stage;
+  DenseTmaDescs const& d;
+  DenseTileOffsets<kBlockM, 1> mask;
+  DenseTileOffsets<kBlockM, kKindE == DenseTileKind::kF32 ? 4 : 2> bias;
+  template <class TC>
+  __forceinline__ __device__ DenseTileRead(uint8_t const* stage_, DenseTmaDescs const& d_, TC const& c, int key_shift)
+      : stage(stage_), d(d_), mask(c, key_shift), bias(c, key_shift) {}
+  template <class TC>
+  __forceinline__ __device__ float logit(float x_l2, TC const& c, int i, int j, bool& visible) const {
+    if (d.has_mask && stage[d.mask_offset + mask.at(c, i, j)] == 0) visible = false;
+    if constexpr (kKindE == DenseTileKind::kNone) {
+      return x_l2;
+    } else {
+      float b;
+      if constexpr (kKindE == DenseTileKind::kF32) {
+        b = *reinterpret_cast<float const*>(stage + bias.at(c, i, j));
+      } else {
+        uint16_t const h = *reinterpret_cast<uint16_t const*>(stage + bias.at(c, i, j));
+        b = kKindE == DenseTileKind::kBF16 ? bf16_to_float(h) : fp16_to_float(h);
+      }
+      return x_l2 + b * 1.44269504088896340736f;
+    }
+  }
+};
 
 // Before the step's GEMM waits: the lines of the warp's bias / mask tile (its 16 keys from key0 x
 // n_rows rows from row0) into L1, so that the reads at use (dense_bwd_logit) hit L1 instead of

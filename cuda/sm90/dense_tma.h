@@ -1,4 +1,4 @@
-// Bias / mask tiles by TMA for the sm90 Dense forward: the producer loads each key block's
+// Bias / mask tiles by TMA for the sm90 Dense forward (and backward, NOTES.md v53): the producer loads each key block's
 // (kBlockM rows x 64 keys) bias and mask tiles into smem beside the K / V stage, and the
 // consumers read their accumulator elements from there in pairs. This replaces one global load
 // per element and thread (dense.h's words, at half-sector efficiency through L1) with one
@@ -51,6 +51,7 @@ struct DenseTmaDescs {
   CUtensorMap mask;
   uint32_t stage_tx_bytes;  // bytes a block's copies deliver (the stage barrier's transaction)
   int bias_elem_bytes;      // 4, 2, or 0 = no bias
+  uint32_t mask_offset;     // of the mask tile in a stage (bytes)
   bool has_mask;
   bool bias_heads, bias_batch, mask_heads, mask_batch;  // whether that axis is indexed (not broadcast)
 };
@@ -72,9 +73,12 @@ inline CUresult encode_dense_operand(CUtensorMap* desc, const void* base, CUtens
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);  // out-of-range rows / keys read as 0 (masked anyway)
 }
 
+// compact: the mask tile right after the bias tile of the call's dtype (the backward's 16 KB
+// stages); else at DenseTmaStage::kBiasBytes (the forward's stages, room for a float32 bias).
 template <int kBlockM>
-cudaError_t make_dense_tma(const FlashFwdParams& p, DenseTmaDescs* d) {
+cudaError_t make_dense_tma(const FlashFwdParams& p, DenseTmaDescs* d, bool compact = false) {
   *d = DenseTmaDescs{};
+  d->mask_offset = compact ? kBlockM * kDenseTmaKeys * (p.bias ? bias_elem_bytes(p) : 0) : DenseTmaStage<kBlockM>::kBiasBytes;
   if (p.bias) {
     int const eb = bias_elem_bytes(p);
     CUtensorMapDataType const type = p.bias_dtype == DType::kFloat32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
@@ -113,8 +117,8 @@ __forceinline__ __device__ void issue_dense_tma(DenseTmaDescs const& d, uint64_t
                                    m0, hc, bc);
   }
   if (d.has_mask)
-    cute::SM90_TMA_LOAD_4D::copy(&d.mask, bar, kEvictNormal, stage + DenseTmaStage<kBlockM>::kBiasBytes, n0, m0,
-                                 d.mask_heads ? h : 0, d.mask_batch ? b : 0);
+    cute::SM90_TMA_LOAD_4D::copy(&d.mask, bar, kEvictNormal, stage + d.mask_offset, n0, m0, d.mask_heads ? h : 0,
+                                 d.mask_batch ? b : 0);
 }
 
 }  // namespace jax_flash::sm90

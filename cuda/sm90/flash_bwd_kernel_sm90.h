@@ -40,6 +40,7 @@
 #include "../common/dropout_frag.h"
 #include "../common/mask.h"
 #include "dense_bwd.h"
+#include "dense_tma.h"
 #include "scheduler.h"
 #include "segments.h"
 #include "traits.h"
@@ -51,7 +52,8 @@
 
 namespace jax_flash::sm90 {
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_, int kPolyEvery_ = 0>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_, int kPolyEvery_ = 0,
+          bool kDenseTma_ = false>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -74,9 +76,16 @@ struct BwdTraits {
   static constexpr bool kAsyncDS = !kSplitD && JF_BWD_ASYNC_DS;
   static_assert((kBlockN == 128 || kBlockN == 64) && kBlockM % 64 == 0);
   static constexpr int kStagesdO = kSplitD ? 1 : kStages;
-  // Key split with 3+ Q / dO stages: smem has no room for the dK / dV epilogue buffer, so each WG
-  // stages its dK / dV in its dQ staging buffer (v44; kBwdBarDQEmpty protocol in the kernel).
-  static constexpr bool kdKVInDQStage = !kSplitD && kStages >= 3;
+  // Dense kernels whose bias / mask tiles come by TMA (key split only): producer warp 3 copies
+  // each step's tile of every consumer WG (its 64 keys x kBlockM rows, dense_tma.h's layout) into
+  // one kDenseStageBytes stage per WG (room for a float32 bias; NOTES.md v53).
+  static constexpr bool kDenseTma = kDenseTma_;
+  static_assert(!kDenseTma || kBlockN == 128, "TMA tiles in the key split");
+  static constexpr int kDenseStageBytes = kDenseTma ? kBlockM * 64 * 4 : 0;
+  // Key split with 3+ Q / dO stages (or the dense tiles): smem has no room for the dK / dV
+  // epilogue buffer, so each WG stages its dK / dV in its dQ staging buffer (v44;
+  // kBwdBarDQEmpty protocol in the kernel).
+  static constexpr bool kdKVInDQStage = !kSplitD && (kStages >= 3 || kDenseTma);
   // dQ partial of one step: kdQFrag floats per consumer thread, one WG's part contiguous.
   static constexpr int kdQFrag = kBlockM * kHeadDim / kMmaThreads;
   static constexpr int kdQWGFloats = 128 * kdQFrag;
@@ -191,6 +200,12 @@ struct BwdTraits {
     // into it would need clobbering waits (utils.h named_sync style).
     alignas(16) cutlass::arch::ClusterBarrier ds_full[2];
     alignas(16) cutlass::arch::ClusterBarrier ds_empty[2];
+    // kDenseTma: per WG, its stage's tiles landed / the WG formed its P from them.
+    alignas(16) cutlass::arch::ClusterTransactionBarrier dense_full[2];
+    alignas(16) cutlass::arch::ClusterBarrier dense_empty[2];
+    // kDenseTma: one stage per WG. Last, after the small members: placed between the 1024-byte
+    // aligned arrays, its alignment padding would not fit at H=128 (227 KB exactly).
+    std::conditional_t<kDenseTma, cute::array_aligned<uint8_t, kMmaWGs * kDenseStageBytes, 1024>, uint8_t> dense;
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "sm90 shared memory per block");
@@ -211,6 +226,7 @@ struct BwdKernelParams {
   TileSchedule sched;  // (key block, kv head, batch) tiles
   int* tile_counter;   // dynamic schedule (flash_bwd_kernel<..., Dynamic = true>), else nullptr
   uint32_t* timeline;  // diagnostic builds only (timeline.h, JF_BWD_TIMELINE), else nullptr
+  DenseTmaDescs dense;  // Traits::kDenseTma only
 };
 
 // Query row blocks [m_min, m_min + nm) that key block n_block can see.
@@ -273,9 +289,10 @@ __forceinline__ __device__ int bwd_next_tile(typename T::SharedStorage& ss, int 
     return linear;
   }
 }
-// Reader threads per hand-off: both consumer WGs, and the key split's two dQ writer warps.
+// Reader threads per hand-off: both consumer WGs, the key split's two dQ writer warps and
+// (kDenseTma) the dense tile loader warp.
 template <class T>
-constexpr int kBwdTileReaders = T::kMmaThreads + (T::kSplitD ? 0 : 64);
+constexpr int kBwdTileReaders = T::kMmaThreads + (T::kSplitD ? 0 : 64) + (T::kDenseTma ? 32 : 0);
 
 // Named barrier ids, as passed to cutlass::arch::NamedBarrier (which adds its 8 reserved ids:
 // hardware ids 8..15, so user ids must stay below 8).
@@ -376,6 +393,41 @@ __device__ void bwd_dq_writer(BwdKernelParams<T> const& kp, typename T::SharedSt
   if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
+// kDenseTma: consumer WG wg's bias / mask stage.
+template <class T>
+__forceinline__ __device__ uint8_t* bwd_dense_stage(typename T::SharedStorage& ss, int wg) {
+  if constexpr (T::kDenseTma) return ss.dense.data() + wg * T::kDenseStageBytes;
+  else return nullptr;
+}
+
+// kDenseTma: producer warp 3 copies each step's bias / mask tile of consumer WG wg (its 64 keys x
+// the step's kBlockM rows) into the WG's stage by TMA. One stage per WG is enough: a WG is done
+// with it once its P is formed, early in the step, so the next step's copy lands under the rest
+// of the step. Walks the same tile / step sequence as the consumers (bwd_tile).
+template <class T, bool Dynamic>
+__device__ void bwd_dense_loader(BwdKernelParams<T> const& kp, typename T::SharedStorage& ss) {
+  int const group = kp.p.heads_q / kp.p.heads_kv;
+  int count = 0;  // steps issued
+  for (int r = 0;; ++r) {
+    BwdTile const w = bwd_tile<T, false>(kp, bwd_next_tile<T, Dynamic>(ss, r));
+    if (w.done) break;
+    BwdStep st = w.first_step(group);
+    for (int it = 0; it < w.n_iters; ++it, w.next_step(st), ++count) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int wg = 0; wg < T::kMmaWGs; ++wg) {
+        ss.dense_empty[wg].wait((count & 1) ^ 1);  // passes at once for the first step
+        if (threadIdx.x % 32 == 0) {
+          ss.dense_full[wg].arrive_and_expect_tx(kp.dense.stage_tx_bytes);
+          issue_dense_tma<T::kBlockM>(kp.dense, reinterpret_cast<uint64_t*>(&ss.dense_full[wg]),
+                                      bwd_dense_stage<T>(ss, wg), w.t.m_block * T::kBlockN + 64 * wg,
+                                      st.m * T::kBlockM, st.hq, w.t.b);
+        }
+        __syncwarp();
+      }
+    }
+  }
+}
+
 template <class Pipe, class State>
 __forceinline__ __device__ void bwd_consumer_wait(Pipe& pipe, State& st) {
   auto tok = pipe.consumer_try_wait(st);
@@ -414,6 +466,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       for (int i = 0; i < 2; ++i) {
         ss.ds_full[i].init(T::kMmaThreads);
         ss.ds_empty[i].init(T::kMmaThreads);
+      }
+    }
+    if constexpr (T::kDenseTma) {
+      for (int i = 0; i < 2; ++i) {
+        ss.dense_full[i].init(1);
+        ss.dense_empty[i].init(128);
       }
     }
   }
@@ -511,6 +569,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       pipe_do.producer_tail(wr_do);
     } else if (!T::kSplitD && (warp_in_wg == 1 || warp_in_wg == 2)) {
       bwd_dq_writer<T, Deterministic, Dynamic, Segments>(kp, ss, warp_in_wg - 1);
+    } else if (T::kDenseTma && warp_in_wg == 3) {
+      bwd_dense_loader<T, Dynamic>(kp, ss);
     }
     return;
   }
@@ -589,6 +649,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   int loaded = 0;
   // kAsyncDS: steps run so far by this CTA; step c's dS goes to buffer c % 2 (use c / 2).
   int ds_count = 0;
+  // kDenseTma: this WG's bias / mask stage, and the steps it has run (the stage's phase).
+  uint8_t const* const dense_stage = bwd_dense_stage<T>(ss, wg);
+  int dense_count = 0;
   // Key split: dQ = dS K over the block's 128 keys from dS buffer dbuf (both WGs' halves), this
   // WG's head_dim half; then the fragment goes to the WG's writer warp (below). The accumulator
   // is declared where it is used: a live range spanning the step loop costs 32 registers.
@@ -647,26 +710,36 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         DenseBwd dense;
         if constexpr (Dense) {  // this warp's 16 keys x the WG's rows into L1, under the Q wait and GEMMs
           dense = make_dense_bwd(p, b, hq);  // (here no wgmma is in flight: its branches cannot serialize them)
-          int const warp_key0 = (int(get<0>(cS_rc(0, 0))) / 16) * 16;
-          dense_bwd_prefetch(dense, int64_t(n_block) * kBlockN + warp_key0,
-                             row0 + (T::kSplitD ? wg * (kBlockM / 2) : 0), T::kSplitD ? kBlockM / 2 : kBlockM);
+          if constexpr (!T::kDenseTma) {
+            int const warp_key0 = (int(get<0>(cS_rc(0, 0))) / 16) * 16;
+            dense_bwd_prefetch(dense, int64_t(n_block) * kBlockN + warp_key0,
+                               row0 + (T::kSplitD ? wg * (kBlockM / 2) : 0), T::kSplitD ? kBlockM / 2 : kBlockM);
+          }
         }
         bwd_consumer_wait(pipe_q, rd);
+        if constexpr (T::kDenseTma) {  // (issued a step ago: normally no wait)
+          ss.dense_full[wg].wait(dense_count & 1);
+          asm volatile("" ::: "memory");  // the stage's reads stay after the wait
+        }
         wg_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, rd.index()), tSrS);
         bwd_consumer_wait(pipe_do, rd_do);
         wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, rd_do.index()), tdPrdP);
         tl.mark(kBwdIssued);
         Tensor s_rc = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
         Tensor dp_rc = make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));
-        bool const full = !Dense && full_lo <= row0 && row0 + kBlockM <= full_hi;
+        // (Dense kernels reading tiles from smem test the interval rule on boundary tiles only too.)
+        bool const full = (!Dense || T::kDenseTma) && full_lo <= row0 && row0 + kBlockM <= full_hi;
         float const* s_lse = ss.lse[rd.index()];
         float const* s_dsum = ss.dsum[rd_do.index()];
         // P^T = exp2(logit * scale_log2 - lse2); element-wise mask only on boundary tiles (the
         // masked variant is a separate loop so the full-tile loop has no branches).
-        auto prob = [&](auto masked, float x, float lse2, int i, int j) {
+        // tile: the step's DenseTileRead (kDenseTma kernels), else unused.
+        auto prob = [&](auto masked, float x, float lse2, int i, int j, auto const& tile) {
           float arg = x * scale_log2 - lse2;
           bool dense_visible = true;
-          if constexpr (Dense) {
+          if constexpr (T::kDenseTma) {
+            arg = tile.logit(arg, cS_rc, i, j, dense_visible);
+          } else if constexpr (Dense) {
             arg = dense_bwd_logit(dense, arg, row0 + int(get<1>(cS_rc(i, j))),
                                   int64_t(n_block) * kBlockN + int(get<0>(cS_rc(i, j))), dense_visible);
           }
@@ -680,6 +753,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
               if (__ldg(q_seg + min(row, int64_t(p.seqlen_q - 1))) != __ldg(kv_seg + min(key, int64_t(p.seqlen_k - 1))))
                 pr = 0.f;
             }
+          } else if constexpr (Dense) {
+            if (!dense_visible) pr = 0.f;
           }
           return pr;
         };
@@ -693,7 +768,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
               CUTLASS_PRAGMA_UNROLL
               for (int i = 0; i < kRowsK; ++i) {
                 float const t = tanhf(s_rc(i, j) * kp.softcap_mult);
-                float const pr = prob(masked, t, lse2, i, j);
+                float const pr = prob(masked, t, lse2, i, j, Int<0>{});
                 s_rc(i, j) = pr;
                 dp_rc(i, j) = pr * (dp_rc(i, j) - d) * (1.f - t * t);
               }
@@ -703,15 +778,33 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         } else {
           // P^T (in place of S^T) while dP^T is still in flight.
           warpgroup_wait<1>();
-          auto p_only = [&](auto masked) {
+          auto p_only = [&](auto masked, auto const& tile) {
             CUTLASS_PRAGMA_UNROLL
             for (int j = 0; j < kCols; ++j) {
               float const lse2 = s_lse[int(get<1>(cS_rc(0, j)))];
               CUTLASS_PRAGMA_UNROLL
-              for (int i = 0; i < kRowsK; ++i) s_rc(i, j) = prob(masked, s_rc(i, j), lse2, i, j);
+              for (int i = 0; i < kRowsK; ++i) s_rc(i, j) = prob(masked, s_rc(i, j), lse2, i, j, tile);
             }
           };
-          if (full) p_only(cute::false_type{}); else p_only(cute::true_type{});
+          auto p_all = [&](auto const& tile) {
+            if (full) p_only(cute::false_type{}, tile); else p_only(cute::true_type{}, tile);
+          };
+          if constexpr (T::kDenseTma) {  // one loop per bias dtype (no per-element dtype test)
+            auto with_kind = [&](auto kind) {
+              p_all(DenseTileRead<decltype(kind)::value, kBlockM>(dense_stage, kp.dense, cS_rc, 64 * wg));
+            };
+            switch (dense_tile_kind(p)) {
+              case DenseTileKind::kNone: with_kind(Int<int(DenseTileKind::kNone)>{}); break;
+              case DenseTileKind::kF32: with_kind(Int<int(DenseTileKind::kF32)>{}); break;
+              case DenseTileKind::kBF16: with_kind(Int<int(DenseTileKind::kBF16)>{}); break;
+              case DenseTileKind::kF16: with_kind(Int<int(DenseTileKind::kF16)>{}); break;
+            }
+            asm volatile("" ::: "memory");  // the stage's reads stay before the release
+            ss.dense_empty[wg].arrive();
+            ++dense_count;
+          } else {
+            p_all(Int<0>{});
+          }
           // Dropout's keep bits, still under the dP GEMM: dS = P o (Z o dP / (1 - rate) - D) with
           // the undropped P, then P o Z for dV (whose 1 / (1 - rate) comes in the epilogue).
           constexpr int kKeepWords = (kRowsK * kCols + 31) / 32;

@@ -96,6 +96,11 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   float const log2e = 1.44269504088896340736f;
   kp.scale_log2 = Softcap ? p.softcap * log2e : p.scale * log2e;
   kp.softcap_mult = Softcap ? p.scale / p.softcap : 0.f;
+  kp.dense = DenseTmaDescs{};
+  if constexpr (T::kDenseTma) {  // the WGs' bias / mask tiles (compact stages: room for a float32 bias)
+    cudaError_t const e = make_dense_tma<T::kBlockM>(p, &kp.dense, true);
+    if (e != cudaSuccess) return e;
+  }
 
   // Causal / right-bounded masks: the first key blocks (the longest) first, over chunks of
   // heads, so the longest tiles do not start last. Otherwise a head's key blocks stay adjacent
@@ -161,8 +166,18 @@ cudaError_t run_bwd_hdim(const FlashBwdParams& p, cudaStream_t stream) {
   // Segment ids: their own instantiation, without softcap or the deterministic mode (the
   // dispatcher sends those to the portable kernels).
   if (p.q_segment_ids) return launch_bwd<T, false, false, true>(p, stream);
-  // Bias / mask (dense_bwd.h): their own instantiation too, on the same terms.
-  if (p.bias || p.mask) return launch_bwd<T, false, false, false, true>(p, stream);
+  // Bias / mask (dense_bwd.h): their own instantiation too, on the same terms. At H=128 their tiles
+  // come by TMA where the layout allows it and a WG's tile fits its stage (two Q / dO stages, to
+  // make room; NOTES.md v53).
+  if (p.bias || p.mask) {
+    if constexpr (kHeadDim == 128) {
+      if (dense_bwd_tiles_by_tma(p)) {
+        using TD = BwdTraits<kHeadDim, C::M, C::N, 2, Element, C::PolyEvery, true>;
+        return launch_bwd<TD, false, false, false, true>(p, stream);
+      }
+    }
+    return launch_bwd<T, false, false, false, true>(p, stream);
+  }
   if (p.deterministic) return p.softcap > 0.f ? launch_bwd<T, true, true>(p, stream) : launch_bwd<T, false, true>(p, stream);
   return p.softcap > 0.f ? launch_bwd<T, true, false>(p, stream) : launch_bwd<T, false, false>(p, stream);
 }

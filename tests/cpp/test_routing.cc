@@ -66,6 +66,20 @@ int main() {
     expect(dense_tiles_by_tma(p), false, "mask, rows of 510 B");
     p.mask_row_stride = 528, p.bias = bias;  // both must be copyable (this bias: strides 0)
     expect(dense_tiles_by_tma(p), false, "mask by TMA, bias not");
+    // The backward's tiles (its 128 kernel, 72..128): a WG's 16 KB stage holds a float32 bias, or
+    // a 16-bit bias and a mask.
+    FlashBwdParams g;
+    g.head_dim = h;
+    g.mask = mask, g.mask_row_stride = 528, g.mask_col_stride = 1;
+    expect(dense_bwd_tiles_by_tma(g), h == 128, "bwd tiles: mask");
+    g.bias = bias, g.bias_row_stride = 64, g.bias_col_stride = 1;
+    expect(dense_bwd_tiles_by_tma(g), false, "bwd tiles: float32 bias + mask");
+    g.bias_dtype = DType::kBFloat16;
+    expect(dense_bwd_tiles_by_tma(g), h == 128, "bwd tiles: bf16 bias + mask");
+    g.mask = nullptr, g.bias_dtype = DType::kFloat32;
+    expect(dense_bwd_tiles_by_tma(g), h == 128, "bwd tiles: float32 bias");
+    g.head_dim = 72;
+    expect(dense_bwd_tiles_by_tma(g), true, "bwd tiles: head dim 72 (the 128 kernel)");
     // The Hopper forward adds bias / scale to the unscaled logits: no bias with scale 0 there.
     p = fwd(h), p.bias = bias, p.scale = 0.f;
     expect(hopper_fwd_takes_extras(p), false, "bias with scale 0");
