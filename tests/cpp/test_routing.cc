@@ -98,17 +98,23 @@ int main() {
   }
   // The Hopper backward: segment ids, bias / mask or dropout, one kind at a time, not with softcap
   // or deterministic.
+  auto refuses_softcap_and_deterministic = [](FlashBwdParams b, const char* what) {
+    char name[96];
+    b.softcap = 30.f;
+    std::snprintf(name, sizeof name, "%s + softcap", what);
+    expect(hopper_bwd_takes_extras(b), false, name);
+    b.softcap = 0.f, b.deterministic = true;
+    std::snprintf(name, sizeof name, "%s + deterministic", what);
+    expect(hopper_bwd_takes_extras(b), false, name);
+  };
   FlashBwdParams b;
   b.head_dim = 128;
   b.tile_counter = counter;
   expect(hopper_bwd_takes_extras(b), true, "bwd plain");
   b.q_segment_ids = b.kv_segment_ids = ids;
   expect(hopper_bwd_takes_extras(b), true, "bwd segment ids");
-  b.softcap = 30.f;
-  expect(hopper_bwd_takes_extras(b), false, "bwd segment ids + softcap");
-  b.softcap = 0.f, b.deterministic = true;
-  expect(hopper_bwd_takes_extras(b), false, "bwd segment ids + deterministic");
-  b.deterministic = false, b.bias = bias;
+  refuses_softcap_and_deterministic(b, "bwd segment ids");
+  b.bias = bias;
   expect(hopper_bwd_takes_extras(b), false, "bwd bias + segment ids");
   b.q_segment_ids = b.kv_segment_ids = nullptr;
   expect(hopper_bwd_takes_extras(b), true, "bwd bias");
@@ -116,19 +122,13 @@ int main() {
   expect(hopper_bwd_takes_extras(b), true, "bwd bias + mask");
   b.bias = nullptr, b.tile_counter = nullptr;  // (the Dense kernels need no workspace)
   expect(hopper_bwd_takes_extras(b), true, "bwd mask");
-  b.softcap = 30.f;
-  expect(hopper_bwd_takes_extras(b), false, "bwd mask + softcap");
-  b.softcap = 0.f, b.deterministic = true;
-  expect(hopper_bwd_takes_extras(b), false, "bwd mask + deterministic");
-  b.deterministic = false, b.dropout_keys = keys;
+  refuses_softcap_and_deterministic(b, "bwd mask");
+  b.dropout_keys = keys;
   expect(hopper_bwd_takes_extras(b), false, "bwd mask + dropout");
   b.mask = nullptr;
   expect(hopper_bwd_takes_extras(b), true, "bwd dropout");
-  b.softcap = 30.f;
-  expect(hopper_bwd_takes_extras(b), false, "bwd dropout + softcap");
-  b.softcap = 0.f, b.deterministic = true;
-  expect(hopper_bwd_takes_extras(b), false, "bwd dropout + deterministic");
-  b.deterministic = false, b.q_segment_ids = b.kv_segment_ids = ids, b.tile_counter = counter;
+  refuses_softcap_and_deterministic(b, "bwd dropout");
+  b.q_segment_ids = b.kv_segment_ids = ids, b.tile_counter = counter;
   expect(hopper_bwd_takes_extras(b), false, "bwd dropout + segment ids");
   std::printf("%d routing failures\n", failures);
   return failures ? 1 : 0;
