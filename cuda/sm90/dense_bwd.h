@@ -3,9 +3,11 @@
 // backwards); this file maps them onto the backward's S^T accumulator, (keys, query rows): a
 // thread holds 2 keys (lane / 4 and lane / 4 + 8 of its warp's 16) and pairs of query rows
 // (2 (lane % 4) + 8g + {0, 1}), so one load (or RED) of a register index covers 8 consecutive
-// keys x 4 rows: 4 whole 32-byte sectors of a row-major bias. Bias and mask are read at use,
-// element by element, from lines each warp prefetched into L1 before its GEMM waits (no smem is
-// left at H = 128 for tiles of them, no registers to hold them across the GEMMs).
+// keys x 4 rows: 4 whole 32-byte sectors of a row-major bias. Two ways to read bias and mask:
+// - tiles by TMA (H = 128 where dense_bwd_tiles_by_tma; NOTES.md v53): each consumer WG's 64 x 64
+//   tile in its own smem stage, read at use (DenseTileRead);
+// - otherwise element by element at use, from lines each warp prefetched into L1 before its GEMM
+//   waits (no registers to hold them across the GEMMs; dense_bwd_logit).
 #pragma once
 
 #include <cuda_runtime.h>

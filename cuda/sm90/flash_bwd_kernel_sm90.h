@@ -2,7 +2,9 @@
 // kv head; a CTA runs one tile (or, persistent, several in snake order).
 //   warpgroup 0   : producer; one thread loads the tile's K, V (TMA, once per tile, after the
 //                   consumers released the previous ones) and streams Q / dO blocks of kBlockM
-//                   query rows, with their lse / D rows, through a kStages mbarrier ring.
+//                   query rows, with their lse / D rows, through a kStages mbarrier ring. Key
+//                   split: warps 1-2 are the dQ writers (below); in the Dense kernels with TMA
+//                   tiles (kDenseTma) warp 3 copies each step's bias / mask tiles (v53).
 //   warpgroups 1-2: consumers, in one of two work splits (BwdTraits::kSplitD):
 //   key split (head_dim 64 / 128, 128 keys per CTA): WG w owns keys [64w, 64w+64) whole:
 //       S^T  = K Q^T, dP^T = V dO^T           (wgmma SS, 64 keys x kBlockM rows per WG)
@@ -436,7 +438,9 @@ __forceinline__ __device__ void bwd_consumer_wait(Pipe& pipe, State& st) {
 
 // Segments: packed sequences (segment ids; segments.h, the ranges in p.tile_counter's
 // workspace), an instantiation of its own so the other kernels' code is unchanged. Dense: a bias
-// and / or a boolean mask, with dbias (dense_bwd.h): every step takes the element-wise path.
+// and / or a boolean mask, with dbias (dense_bwd.h): read element by element from global memory on
+// every step, or (Traits::kDenseTma) from the WG's smem tile, the interval rule on boundary steps
+// only.
 // Dropout: attention dropout (common/dropout_frag.h), without the other optional inputs.
 template <class Traits, bool Softcap, bool Deterministic, bool Dynamic = false, bool Segments = false,
           bool Dense = false, bool Dropout = false>
