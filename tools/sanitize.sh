@@ -3,6 +3,11 @@
 # the GPU machine (build the binaries here: cuda/sm80/harness/build.sh, cuda/sm90/build_harness.sh
 # fwd|bwd; carry their bin folders). One summary line per run on stdout, full logs under $OUT.
 #   tools/sanitize.sh [sm80] [fwd] [bwd]          (default: all three)
+#   [FILTER=TEXT] tools/sanitize.sh extras_memcheck | extras_racecheck
+#       the Hopper kernels' optional inputs through JAX (tools/sanitize_extras.py; needs the
+#       installed package, e.g. under tools/gpu_session.sh run): one process per case whose label
+#       contains FILTER, $SAN_JOBS (default 8) at once; a run the sanitizer itself dies in (rc 139,
+#       no report: about 1 in 10 in session 19, different cases each time) is run once more.
 # Binaries: $SM80_BIN, $FWD_BIN, $BWD_BIN (defaults: the build scripts' outputs). Each run is cut
 # off after $SAN_TIMEOUT seconds (default 150); racecheck runs ~100x slower than the kernels.
 # SAN_PARALLEL=1 starts every run at once (they share the GPU; the lines come as runs finish).
@@ -45,7 +50,23 @@ for t in "${targets[@]}"; do
           # test_bwd_sm90.cu's list. The key split's dS ring (v43) runs in 0, 6, 19, 28, 32.
       for c in 0 6 19 24 28 32; do run_san memcheck "bwd_case$c" "$BWD_BIN" --no-bench --case=$c; done
       for c in 0 6 19 24; do run_san racecheck "bwd_case$c" "$BWD_BIN" --no-bench --case=$c; done ;;
-    *) echo "unknown target $t (sm80 | fwd | bwd)" >&2; exit 2 ;;
+    extras_memcheck | extras_racecheck)
+      tool=${t#extras_}
+      extra_case() {  # label
+        local log="$OUT/san_${tool}_$(echo "$1" | tr -c 'A-Za-z0-9' _ | cut -c1-80).log" rc try
+        for try in 1 2; do
+          timeout "${SAN_TIMEOUT:-150}" compute-sanitizer --tool "$tool" --error-exitcode 99 --kernel-name kns=jax_flash \
+            python3 tools/sanitize_extras.py --exact="$1" >"$log" 2>&1
+          rc=$?
+          [ $rc = 139 ] || break
+        done
+        echo "$tool rc $rc (try $try): $1: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
+      }
+      export -f extra_case
+      export tool OUT SAN_TIMEOUT
+      python3 tools/sanitize_extras.py --list | grep -F -- "${FILTER:-}" |
+        xargs -d '\n' -P "${SAN_JOBS:-8}" -I{} bash -c 'extra_case "$1"' _ {} ;;
+    *) echo "unknown target $t (sm80 | fwd | bwd | extras_memcheck | extras_racecheck)" >&2; exit 2 ;;
   esac
 done
 wait
