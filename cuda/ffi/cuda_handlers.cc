@@ -63,16 +63,15 @@ ffi::Error check_kernel_built(int32_t kernel) {
   return ffi::Error::Success();
 }
 
-// The Hopper forward reads every optional input but dropout (kernel='auto' sends it what it runs
-// faster: hopper_fwd_preferred), the Hopper backward segment ids, or bias / mask, without softcap
-// or the deterministic mode (hopper_fwd_takes_extras, hopper_bwd_takes_extras, flash_params.h). kernel='hopper' with
-// any of them is an error (Python raises it first, at lowering); kernel='auto' runs the
-// portable kernels for the rest.
+// kernel='auto' sends the Hopper kernels the optional inputs they take (hopper_fwd_preferred,
+// hopper_bwd_takes_extras, flash_params.h: the forward any mix, dropout alone; the backward one
+// kind at a time, without softcap or the deterministic mode) and the portable kernels the rest.
+// kernel='hopper' with any of them is an error (Python raises it first, at lowering).
 ffi::Error check_extras_kernel(const FlashFwdParams& p, int32_t kernel) {
   if (has_extras(p) && kernel == kHopper)
     return ffi::Error::InvalidArgument(
-        "jax_flash: kernel='hopper' does not take segment ids, bias, mask or dropout (only the portable sm80 "
-        "kernels do); use kernel='auto' or 'portable'");
+        "jax_flash: kernel='hopper' does not take segment ids, bias, mask or dropout; use kernel='auto' (the Hopper "
+        "kernels where they take these inputs, else the portable ones) or 'portable'");
   return ffi::Error::Success();
 }
 
