@@ -74,14 +74,16 @@ __forceinline__ __device__ int dense_col(TC const& c, int n0, int k, int last) {
   return min(n0 + int(get<1>(c(0, 0))) + dj, last);
 }
 
-// What a word holds; one loop per kind (no per-element branch on it).
+// What a word holds (kMask: no bias, the mask's byte); one loop per kind (no per-element branch
+// on it). The backward's TMA tiles use the same kinds (dense_bwd.h).
 enum class DenseKind { kMask, kBiasF32, kBiasBF16, kBiasF16 };
 
-__forceinline__ __device__ DenseKind dense_kind(DenseRows const& d) {
-  if (!d.has_bias()) return DenseKind::kMask;
-  return d.bias_dtype == DType::kFloat32 ? DenseKind::kBiasF32
-         : d.bias_dtype == DType::kBFloat16 ? DenseKind::kBiasBF16 : DenseKind::kBiasF16;
+__forceinline__ __host__ __device__ DenseKind dense_kind_of(bool has_bias, DType bias_dtype) {
+  if (!has_bias) return DenseKind::kMask;
+  return bias_dtype == DType::kFloat32 ? DenseKind::kBiasF32
+         : bias_dtype == DType::kBFloat16 ? DenseKind::kBiasBF16 : DenseKind::kBiasF16;
 }
+__forceinline__ __device__ DenseKind dense_kind(DenseRows const& d) { return dense_kind_of(d.has_bias(), d.bias_dtype); }
 
 template <DenseKind kKind>
 __forceinline__ __device__ uint32_t load_dense_word(DenseRows const& d, int r, int64_t j) {

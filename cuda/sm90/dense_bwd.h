@@ -15,6 +15,7 @@
 #include "../common/dtype.h"
 #include "../common/flash_params.h"
 #include "../common/mask.h"
+#include "dense.h"
 #include "dense_tma.h"
 #include "utils.h"
 
@@ -51,15 +52,6 @@ __forceinline__ __device__ float dense_bwd_logit(DenseBwd const& d, float x_l2, 
   return d.bias ? x_l2 + dense_bias_log2(d, r, k) : x_l2;
 }
 
-// The kDenseTma kernels (bias / mask tiles by TMA in smem, NOTES.md v53): the bias dtype, one P
-// loop per kind.
-enum class DenseTileKind { kNone, kF32, kBF16, kF16 };
-__forceinline__ __device__ DenseTileKind dense_tile_kind(FlashBwdParams const& p) {
-  if (!p.bias) return DenseTileKind::kNone;
-  return p.bias_dtype == DType::kFloat32 ? DenseTileKind::kF32
-         : p.bias_dtype == DType::kBFloat16 ? DenseTileKind::kBF16 : DenseTileKind::kF16;
-}
-
 // Byte offsets of a thread's S^T fragment elements (c: their (key, row) coordinates; keys of
 // this WG from key_shift) in a WG's tile of kElemBytes elements (dense_tma.h's layout). The
 // swizzle repeats every 8 rows and a thread's rows are those of columns 0 and 1 plus multiples of
@@ -88,33 +80,29 @@ struct DenseTileOffsets {
   }
 };
 
-// One step's reads of a WG's stage, for a bias of kind kKind (DenseTileKind): the exp2 argument
-// with log2(e) x bias, and the mask's verdict, of element (i, j) of a thread's S^T fragment. Rows /
-// keys past the ends read zeros (TMA's fill; the interval rule masks them).
-template <int kKind, int kBlockM>
+// One step's reads of a WG's stage, for a bias of kind kKind (dense.h's DenseKind; kMask: no
+// bias): the exp2 argument with log2(e) x bias, and the mask's verdict, of element (i, j) of a
+// thread's S^T fragment. Rows / keys past the ends read zeros (TMA's fill; the interval rule masks
+// them).
+template <DenseKind kKind, int kBlockM>
 struct DenseTileRead {
-  static constexpr DenseTileKind kKindE = DenseTileKind(kKind);
   uint8_t const* stage;
   DenseTmaDescs const& d;
   DenseTileOffsets<kBlockM, 1> mask;
-  DenseTileOffsets<kBlockM, kKindE == DenseTileKind::kF32 ? 4 : 2> bias;
+  DenseTileOffsets<kBlockM, kKind == DenseKind::kBiasF32 ? 4 : 2> bias;
   template <class TC>
   __forceinline__ __device__ DenseTileRead(uint8_t const* stage_, DenseTmaDescs const& d_, TC const& c, int key_shift)
       : stage(stage_), d(d_), mask(c, key_shift), bias(c, key_shift) {}
   template <class TC>
   __forceinline__ __device__ float logit(float x_l2, TC const& c, int i, int j, bool& visible) const {
     if (d.has_mask && stage[d.mask_offset + mask.at(c, i, j)] == 0) visible = false;
-    if constexpr (kKindE == DenseTileKind::kNone) {
+    if constexpr (kKind == DenseKind::kMask) {
       return x_l2;
     } else {
-      float b;
-      if constexpr (kKindE == DenseTileKind::kF32) {
-        b = *reinterpret_cast<float const*>(stage + bias.at(c, i, j));
-      } else {
-        uint16_t const h = *reinterpret_cast<uint16_t const*>(stage + bias.at(c, i, j));
-        b = kKindE == DenseTileKind::kBF16 ? bf16_to_float(h) : fp16_to_float(h);
-      }
-      return x_l2 + b * 1.44269504088896340736f;
+      uint8_t const* const at = stage + bias.at(c, i, j);
+      uint32_t const bits = kKind == DenseKind::kBiasF32 ? *reinterpret_cast<uint32_t const*>(at)
+                                                         : *reinterpret_cast<uint16_t const*>(at);
+      return x_l2 + dense_bias_addend<kKind>(bits, 1.44269504088896340736f);
     }
   }
 };

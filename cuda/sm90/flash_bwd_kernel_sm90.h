@@ -797,11 +797,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
             auto with_kind = [&](auto kind) {
               p_all(DenseTileRead<decltype(kind)::value, kBlockM>(dense_stage, kp.dense, cS_rc, 64 * wg));
             };
-            switch (dense_tile_kind(p)) {
-              case DenseTileKind::kNone: with_kind(Int<int(DenseTileKind::kNone)>{}); break;
-              case DenseTileKind::kF32: with_kind(Int<int(DenseTileKind::kF32)>{}); break;
-              case DenseTileKind::kBF16: with_kind(Int<int(DenseTileKind::kBF16)>{}); break;
-              case DenseTileKind::kF16: with_kind(Int<int(DenseTileKind::kF16)>{}); break;
+            using K = DenseKind;
+            switch (dense_kind_of(p.bias != nullptr, p.bias_dtype)) {
+              case K::kMask: with_kind(std::integral_constant<K, K::kMask>{}); break;
+              case K::kBiasF32: with_kind(std::integral_constant<K, K::kBiasF32>{}); break;
+              case K::kBiasBF16: with_kind(std::integral_constant<K, K::kBiasBF16>{}); break;
+              case K::kBiasF16: with_kind(std::integral_constant<K, K::kBiasF16>{}); break;
             }
             asm volatile("" ::: "memory");  // the stage's reads stay before the release
             ss.dense_empty[wg].arrive();
