@@ -344,11 +344,26 @@ __forceinline__ __device__ int dq_turn_of(SeqMask const& msk, int m, int n_block
   return 2 * (n_block - n_lo);
 }
 
+// JF_BWD_DIAG_DQ (diagnostic harness builds only; dQ comes out wrong): 1 skips the dQ reduce-adds,
+// 2 makes them plain bulk stores (the same bytes without L2's read-modify-write), to see how much
+// of a step the dQ traffic costs (NOTES.md, next steps after session 20).
+#ifndef JF_BWD_DIAG_DQ
+#define JF_BWD_DIAG_DQ 0
+#endif
 __forceinline__ __device__ void bulk_reduce_add_f32(float* gmem, float const* smem, int bytes) {
+#if JF_BWD_DIAG_DQ == 1
+  return;
+#elif JF_BWD_DIAG_DQ == 2
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+               :
+               : "l"(gmem), "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes)
+               : "memory");
+#else
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
                :
                : "l"(gmem), "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes)
                : "memory");
+#endif
 }
 
 // Key split: the writer warp of consumer WG wg. Each staged dQ fragment goes into dq_accum with
