@@ -8,6 +8,8 @@
 #                                        # to run only the rest next call
 #   tools/gpu_session.sh bench [args]    # jax-flash-bench with args
 #   tools/gpu_session.sh run "CMD"       # any command after the install (cwd /tmp, $repo set)
+# The device tool brings back at most 8 files from $OUT (2 folders deep): keep a call's logs few
+# (tools/harness_ab.sh writes one; other steps' logs belong in /tmp, printed or tailed).
 # Carry: .whl (flash-attn3-jax wheel, optional) and build/prebuilt (libjf_sm80.a, libjf_sm90.a,
 # 39 MB) or build/prebuilt.tar.xz (the same, 2 MB: `tar cJf build/prebuilt.tar.xz -C build prebuilt`;
 # with the 29 MB wheel the plain folder passes the 64 MiB carry limit; the tarball wins when both
