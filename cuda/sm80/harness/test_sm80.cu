@@ -261,7 +261,6 @@ static void fill_params(const Case& c, const Dev& d, FlashBwdParams& p) {
   }
 }
 
-// The dropout key table of a call: one random 64-bit seed, coordinates (b, h) or (0, 0).
 // The FFI handler's part of a backward call: dbias zeroed (the kernels add into it), then the kernels.
 static cudaError_t run_bwd(const FlashBwdParams& p) {
   if (p.dbias) {
@@ -271,6 +270,7 @@ static cudaError_t run_bwd(const FlashBwdParams& p) {
   return flash_bwd_sm80(p, 0);
 }
 
+// The dropout key table of a call: one random 64-bit seed, coordinates (b, h) or (0, 0).
 static std::vector<uint32_t> dropout_keys(const Case& c, std::mt19937& rng) {
   std::vector<uint32_t> t(size_t(c.B) * c.Nq * 4);
   const uint32_t lo = rng(), hi = rng();
