@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # compute-sanitizer memcheck and racecheck over small case sets of the standalone harnesses, on
 # the GPU machine (build the binaries here: cuda/sm80/harness/build.sh, cuda/sm90/build_harness.sh
-# fwd|bwd; carry their bin folders). One summary line per run on stdout, full logs under $OUT.
+# fwd|bwd; carry their bin folders). One summary line per run on stdout; every run's full log in
+# one file, $OUT/san_logs.txt (the device tool brings back at most 8 files from $OUT), the per-run
+# logs in $SAN_LOG_DIR (default: a fresh /tmp/jf_san.* folder per invocation).
 #   tools/sanitize.sh [sm80] [fwd] [bwd]          (default: all three)
 #   [FILTER=TEXT] tools/sanitize.sh extras_memcheck | extras_racecheck
 #       the Hopper kernels' optional inputs through JAX (tools/sanitize_extras.py; needs the
@@ -14,7 +16,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/jf_out}
-mkdir -p "$OUT"
+logs=${SAN_LOG_DIR:-$(mktemp -d /tmp/jf_san.XXXXXX)}
+mkdir -p "$OUT" "$logs"
 SM80_BIN=${SM80_BIN:-cuda/sm80/harness/bin/test_sm80}
 FWD_BIN=${FWD_BIN:-cuda/sm90/harness/bin/test_sm90}
 BWD_BIN=${BWD_BIN:-cuda/sm90/harness_bwd/bin/test_bwd_sm90}
@@ -22,7 +25,7 @@ export PATH=/usr/local/cuda/bin:$PATH
 
 san() {  # tool name binary args...
   local tool=$1 name=$2; shift 2
-  local log="$OUT/san_${tool}_${name}.log" t0
+  local log="$logs/san_${tool}_${name}.log" t0
   t0=$(date +%s)
   timeout "${SAN_TIMEOUT:-150}" compute-sanitizer --tool "$tool" --error-exitcode 99 "$@" >"$log" 2>&1
   local rc=$?
@@ -53,7 +56,7 @@ for t in "${targets[@]}"; do
     extras_memcheck | extras_racecheck)
       tool=${t#extras_}
       extra_case() {  # label
-        local log="$OUT/san_${tool}_$(echo "$1" | tr -c 'A-Za-z0-9' _ | cut -c1-80).log" rc try
+        local log="$logs/san_${tool}_$(echo "$1" | tr -c 'A-Za-z0-9' _ | cut -c1-80).log" rc try
         for try in 1 2; do
           timeout "${SAN_TIMEOUT:-150}" compute-sanitizer --tool "$tool" --error-exitcode 99 --kernel-name kns=jax_flash \
             python3 tools/sanitize_extras.py --exact="$1" >"$log" 2>&1
@@ -63,10 +66,13 @@ for t in "${targets[@]}"; do
         echo "$tool rc $rc (try $try): $1: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
       }
       export -f extra_case
-      export tool OUT SAN_TIMEOUT
+      export tool logs SAN_TIMEOUT
       python3 tools/sanitize_extras.py --list | grep -F -- "${FILTER:-}" |
         xargs -d '\n' -P "${SAN_JOBS:-8}" -I{} bash -c 'extra_case "$1"' _ {} ;;
     *) echo "unknown target $t (sm80 | fwd | bwd | extras_memcheck | extras_racecheck)" >&2; exit 2 ;;
   esac
 done
 wait
+for f in "$logs"/san_*.log; do
+  [ -f "$f" ] && { echo "===== $(basename "$f")"; cat "$f"; }
+done >> "$OUT/san_logs.txt"
