@@ -5,7 +5,9 @@ and backward, on the FlashAttention papers' grid (B*S = 16k tokens, N*H = 2048).
     jax-flash-bench --json r.json --plot r.png      (or: python -m jax_flash.bench)
 
 Timing follows ../shared/ANCHORS.md: the median of R rounds of C jitted calls after warm-up,
-wall clock around block_until_ready; backward time = time(fwd + bwd) - time(fwd).
+wall clock around block_until_ready; backward time = time(fwd + bwd) - time(fwd). Within a cell
+the implementations take turns round by round (all compiled and warmed up first), so clock or
+thermal drift during the cell falls on all of them alike instead of on whichever ran last.
 TFLOP/s counts 4*B*N*T*S*H for the forward (halved when causal), 2.5x that for the backward.
 Peak memory is XLA's compiled estimate (arguments + outputs + temporaries) of each call.
 """
@@ -49,17 +51,20 @@ def _implementations(on_gpu):
     return impls
 
 
+def _time_round(fn, args, calls):
+    """Seconds per call over `calls` back-to-back calls (one timing round)."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t0) / calls
+
+
 def _time(fn, args, rounds, calls):
+    """Median seconds per call of one function (after compilation and a warm-up call)."""
     jax.block_until_ready(fn(*args))  # compile + warm-up
     jax.block_until_ready(fn(*args))
-    samples = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - t0) / calls)
-    return statistics.median(samples)
+    return statistics.median(_time_round(fn, args, calls) for _ in range(rounds))
 
 
 def _peak_bytes(fn, args):
@@ -70,26 +75,53 @@ def _peak_bytes(fn, args):
         return None
 
 
-def run_case(impl, B, S, N, H, causal, dtype, rounds, calls, measure_memory):
+def _error(e):
+    return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
+
+
+def run_cell(impls, B, S, N, H, causal, dtype, rounds, calls, measure_memory):
+    """Times every implementation on one grid cell, interleaved: each is compiled and warmed up,
+    then every round times each implementation's forward and forward + backward in turn.
+    Returns {name: result dict, or {"error": ...} for an implementation that failed}."""
     key = jax.random.key(0)
     kq, kk, kv, kd = jax.random.split(key, 4)
     shape = (B, S, N, H)
     q, k, v, do = (jax.random.normal(x, shape, jnp.float32).astype(dtype) for x in (kq, kk, kv, kd))
-    fwd = jax.jit(lambda q, k, v: impl(q, k, v, causal))
-    fwd_bwd = jax.jit(lambda q, k, v, do: jax.vjp(lambda q, k, v: impl(q, k, v, causal), q, k, v)[1](do))
-    t_f = _time(fwd, (q, k, v), rounds, calls)
-    t_fb = _time(fwd_bwd, (q, k, v, do), rounds, calls)
+    results, ready = {}, {}
+    for name, impl in impls.items():
+        fwd = jax.jit(lambda q, k, v, impl=impl: impl(q, k, v, causal))
+        fwd_bwd = jax.jit(lambda q, k, v, do, impl=impl: jax.vjp(lambda q, k, v: impl(q, k, v, causal), q, k, v)[1](do))
+        try:
+            for fn, args in ((fwd, (q, k, v)), (fwd_bwd, (q, k, v, do))):
+                jax.block_until_ready(fn(*args))  # compile + warm-up
+                jax.block_until_ready(fn(*args))
+            ready[name] = (fwd, fwd_bwd)
+        except Exception as e:  # noqa: BLE001 - report and continue the grid
+            results[name] = _error(e)
+    samples = {name: ([], []) for name in ready}
+    for _ in range(rounds):
+        for name in list(ready):
+            fwd, fwd_bwd = ready[name]
+            try:
+                samples[name][0].append(_time_round(fwd, (q, k, v), calls))
+                samples[name][1].append(_time_round(fwd_bwd, (q, k, v, do), calls))
+            except Exception as e:  # noqa: BLE001
+                results[name] = _error(e)
+                del ready[name]
     flops = 4 * B * N * S * S * H / (2 if causal else 1)
-    res = {
-        "fwd_ms": t_f * 1e3,
-        "bwd_ms": (t_fb - t_f) * 1e3,
-        "fwd_tflops": flops / t_f / 1e12,
-        "bwd_tflops": 2.5 * flops / max(t_fb - t_f, 1e-9) / 1e12,
-    }
-    if measure_memory:
-        res["fwd_peak_mb"] = (_peak_bytes(fwd, (q, k, v)) or 0) / 2**20
-        res["fwd_bwd_peak_mb"] = (_peak_bytes(fwd_bwd, (q, k, v, do)) or 0) / 2**20
-    return res
+    for name, (fwd, fwd_bwd) in ready.items():
+        t_f, t_fb = statistics.median(samples[name][0]), statistics.median(samples[name][1])
+        res = {
+            "fwd_ms": t_f * 1e3,
+            "bwd_ms": (t_fb - t_f) * 1e3,
+            "fwd_tflops": flops / t_f / 1e12,
+            "bwd_tflops": 2.5 * flops / max(t_fb - t_f, 1e-9) / 1e12,
+        }
+        if measure_memory(name):
+            res["fwd_peak_mb"] = (_peak_bytes(fwd, (q, k, v)) or 0) / 2**20
+            res["fwd_bwd_peak_mb"] = (_peak_bytes(fwd_bwd, (q, k, v, do)) or 0) / 2**20
+        results[name] = res
+    return {name: results[name] for name in impls if name in results}
 
 
 def _positive(text):
@@ -138,14 +170,10 @@ def main(argv=None):
                     B = a.batch or max(1, a.tokens // S)
                     N = a.heads or max(1, a.model_dim // H)
                     row = {"dtype": dtype, "H": H, "S": S, "B": B, "N": N, "causal": causal, "results": {}}
-                    for name, impl in impls.items():
-                        if name == "xla" and B * N * S * S * 4 > a.xla_max_gb * 1e9:
-                            continue
-                        try:
-                            row["results"][name] = run_case(impl, B, S, N, H, causal, jnp.dtype(dtype),
-                                                            a.rounds, a.calls, measure_memory=not on_gpu or name == "jax_flash")
-                        except Exception as e:  # noqa: BLE001 - report and continue the grid
-                            row["results"][name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
+                    cell = {n: f for n, f in impls.items()
+                            if not (n == "xla" and B * N * S * S * 4 > a.xla_max_gb * 1e9)}
+                    row["results"] = run_cell(cell, B, S, N, H, causal, jnp.dtype(dtype), a.rounds, a.calls,
+                                              measure_memory=lambda n: not on_gpu or n == "jax_flash")
                     rows.append(row)
                     _print_row(row, impls)
     _print_table(rows, impls)
