@@ -350,9 +350,6 @@ __forceinline__ __device__ int dq_turn_of(SeqMask const& msk, int m, int n_block
 #ifndef JF_BWD_DIAG_DQ
 #define JF_BWD_DIAG_DQ 0
 #endif
-#ifndef JF_BWD_DQ_EVICT_LAST
-#define JF_BWD_DQ_EVICT_LAST 0
-#endif
 __forceinline__ __device__ void bulk_reduce_add_f32(float* gmem, float const* smem, int bytes) {
 #if JF_BWD_DIAG_DQ == 1
   return;
@@ -360,13 +357,6 @@ __forceinline__ __device__ void bulk_reduce_add_f32(float* gmem, float const* sm
   asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
                :
                : "l"(gmem), "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes)
-               : "memory");
-#elif JF_BWD_DQ_EVICT_LAST
-  // FA3's L2 hint on its dQ reduce (session 16 measured it neutral at H=128; untried at H=256).
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [%0], [%1], %2, %3;\n"
-               :
-               : "l"(gmem), "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes),
-                 "l"(uint64_t(TMA::CacheHintSm90::EVICT_LAST))
                : "memory");
 #else
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
