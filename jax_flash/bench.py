@@ -60,10 +60,15 @@ def _time_round(fn, args, calls):
     return (time.perf_counter() - t0) / calls
 
 
+def _warm_up(fn, args):
+    """Compiles fn and runs it once more, so timing starts warm."""
+    jax.block_until_ready(fn(*args))
+    jax.block_until_ready(fn(*args))
+
+
 def _time(fn, args, rounds, calls):
     """Median seconds per call of one function (after compilation and a warm-up call)."""
-    jax.block_until_ready(fn(*args))  # compile + warm-up
-    jax.block_until_ready(fn(*args))
+    _warm_up(fn, args)
     return statistics.median(_time_round(fn, args, calls) for _ in range(rounds))
 
 
@@ -92,9 +97,8 @@ def run_cell(impls, B, S, N, H, causal, dtype, rounds, calls, measure_memory):
         fwd = jax.jit(lambda q, k, v, impl=impl: impl(q, k, v, causal))
         fwd_bwd = jax.jit(lambda q, k, v, do, impl=impl: jax.vjp(lambda q, k, v: impl(q, k, v, causal), q, k, v)[1](do))
         try:
-            for fn, args in ((fwd, (q, k, v)), (fwd_bwd, (q, k, v, do))):
-                jax.block_until_ready(fn(*args))  # compile + warm-up
-                jax.block_until_ready(fn(*args))
+            _warm_up(fwd, (q, k, v))
+            _warm_up(fwd_bwd, (q, k, v, do))
             ready[name] = (fwd, fwd_bwd)
         except Exception as e:  # noqa: BLE001 - report and continue the grid
             results[name] = _error(e)

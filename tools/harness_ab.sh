@@ -20,13 +20,9 @@ for pass in $(seq 1 "$passes"); do
 done
 for bin in "$@"; do
   for pass in $(seq 1 "$passes"); do
+    log="$logs/ab_$(basename "$bin")_$pass.log"
     echo "== $(basename "$bin") pass $pass ($args)"
-    grep -E "${AB_GREP:-^ *(H=)?[0-9]+ |causal}" "$logs/ab_$(basename "$bin")_$pass.log" | grep -v '^ *H causal'
+    grep -E "${AB_GREP:-^ *(H=)?[0-9]+ |causal}" "$log" | grep -v '^ *H causal'
+    { echo "===== $(basename "$bin") pass $pass ($args)"; cat "$log"; } >> "$OUT/ab_logs.txt"
   done
 done
-for bin in "$@"; do
-  for pass in $(seq 1 "$passes"); do
-    echo "===== $(basename "$bin") pass $pass ($args)"
-    cat "$logs/ab_$(basename "$bin")_$pass.log"
-  done
-done >> "$OUT/ab_logs.txt"
