@@ -49,10 +49,11 @@ for t in "${targets[@]}"; do
       for h in 64 128 256; do run_san memcheck "fwd_h$h" "$FWD_BIN" --no-bench --h=$h; done
       for h in 64 256; do run_san racecheck "fwd_h$h" "$FWD_BIN" --no-bench --h=$h; done ;;
     bwd)  # non-causal persistent (0: H=128 GQA), causal on the dynamic schedule (6: H=128 GQA,
-          # 19: H=64, 24: H=256), deterministic causal (28), padded H=72 (32); the case numbers of
-          # test_bwd_sm90.cu's list. The key split's dS ring (v43) runs in 0, 6, 19, 28, 32.
-      for c in 0 6 19 24 28 32; do run_san memcheck "bwd_case$c" "$BWD_BIN" --no-bench --case=$c; done
-      for c in 0 6 19 24; do run_san racecheck "bwd_case$c" "$BWD_BIN" --no-bench --case=$c; done ;;
+          # 19: H=64, 24: H=256), H=256 non-causal with S^T / dP^T by role (22), deterministic causal
+          # (28), padded H=72 (32); the case numbers of test_bwd_sm90.cu's list. The key split's dS
+          # ring (v43) runs in 0, 6, 19, 28, 32.
+      for c in 0 6 19 22 24 28 32; do run_san memcheck "bwd_case$c" "$BWD_BIN" --no-bench --case=$c; done
+      for c in 0 6 19 22 24; do run_san racecheck "bwd_case$c" "$BWD_BIN" --no-bench --case=$c; done ;;
     extras_memcheck | extras_racecheck)
       tool=${t#extras_}
       extra_case() {  # label

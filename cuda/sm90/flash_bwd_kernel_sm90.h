@@ -55,7 +55,7 @@
 namespace jax_flash::sm90 {
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_, int kPolyEvery_ = 0,
-          bool kDenseTma_ = false>
+          bool kDenseTma_ = false, bool kSdPByRole_ = false>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -82,6 +82,10 @@ struct BwdTraits {
   // each step's tile of every consumer WG (its 64 keys x kBlockM rows, dense_tma.h's layout) into
   // one kDenseStageBytes stage per WG (room for a float32 bias; NOTES.md v53).
   static constexpr bool kDenseTma = kDenseTma_;
+  // Head-dim split only: S^T on WG 0 and dP^T on WG 1 for all kBlockM rows, instead of both
+  // split by rows (NOTES.md v57). Its own instantiation, for launches whose steps are mostly
+  // unmasked: on masked steps WG 0 masks all rows while WG 1 waits (-4% at 1k causal).
+  static constexpr bool kSdPByRole = kSdPByRole_;
   static_assert(!kDenseTma || kBlockN == 128, "TMA tiles in the key split");
   static constexpr int kDenseStageBytes = kDenseTma ? kBlockM * 64 * 4 : 0;
   // Key split with 3+ Q / dO stages (or the dense tiles): smem has no room for the dK / dV
@@ -114,6 +118,10 @@ struct BwdTraits {
   // dQ: (rows, head_dim), reduction over keys; per-atom tile, WGs split head_dim.
   using TileShapedQAtom = Shape<Int<kBlockM>, Int<kHeadDim / 2>, Int<kBlockN>>;
   using TiledMmaSdP = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, TileShapeSdP>(), AtomLayoutSdP{}));
+  // kSdPByRole's GEMM: one WG's whole 64 keys x kBlockM tile (m64n64k16 wgmmas read 4 KB of
+  // smem per 32 cycles; the row split's m64n32k16 read 3 KB per 16).
+  using TiledMmaSdPRole = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>()));
   using TiledMmadKV = decltype(make_tiled_mma(MmaAtomdKV{}, AtomLayoutdKV{}));
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, TileShapedQAtom, GMMA::Major::MN, GMMA::Major::MN>(),
@@ -638,6 +646,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   // instead of stalling the WG (the back-to-back two-piece handoff took ~20% of stall samples,
   // NOTES.md v12).
   constexpr bool kDeferLastPiece = T::kSplitD && !Deterministic;
+  // S^T / dP^T by role (BwdTraits::kSdPByRole): not with softcap (dS needs tanh' of S, on the
+  // other WG), dropout (dS needs the undropped P, dV the dropped one), bias / mask (dbias) nor
+  // segment ids; the launcher gives those the row split.
+  constexpr bool kSdPByRole = T::kSdPByRole;
+  static_assert(!kSdPByRole || (T::kSplitD && !Softcap && !Dense && !Dropout && !Segments),
+                "S^T / dP^T by role: the plain head-dim split only");
   constexpr int kPieceFrag = T::kdQFrag / T::kdQRounds;
   float* const stage = ss.dq.data() + wg * T::kdQStageFloats;
   auto dq_piece_offset = [&](int r, int i) {
@@ -717,10 +731,162 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       if constexpr (T::kAsyncDS) {
         if (wg == 1) named_sync(T::kMmaThreads, kBwdBarDS);
       }
+      // The head-dim split step's tail, once dV and dK are issued: dQ = dS K (this WG's head_dim
+      // half, dS from buffer buf), the Q / dO stages released, then the dQ partial -> smem
+      // (fragment order) -> bulk reduce-add into dq_accum in kdQRounds pieces per WG (rows past
+      // seqlen_q add zeros: P is 0 there).
+      auto dq_step_tail = [&](int buf, auto hq, int m) {
+        Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdS{});
+        Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+        wg_gemm<true, -1>(mma_dq, wg_dq.partition_fragment_A(sdS), tdQrK, tdQrdQ);
+        warpgroup_wait<2>();  // dV, the last reader of this dO stage, is done
+        pipe_do.consumer_release(rd_do);
+        ++rd_do;
+        warpgroup_wait<0>();
+        tl.mark(kBwdDQDone);
+        pipe_q.consumer_release(rd);
+        ++rd;
+        int const row0 = m * kBlockM;
+        float* acc = dq_block_ptr(kp, b, hq, row0, wg);
+        int* sem = dq_counter_ptr(kp, b, hq, row0);
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < T::kdQRounds; ++r) {
+          if (kDeferLastPiece && r == T::kdQRounds - 1) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < kPieceFrag; ++i) dq_held[i] = tdQrdQ(r * kPieceFrag + i);
+            held_dst = acc + r * T::kdQStageFloats;
+            break;
+          }
+          if (r > 0 || kDeferLastPiece) {  // the previous piece's reduce must have read the staging buffer
+            wg_wait_bulk_reads(tidx, kBwdBarDQ + wg);
+          }
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = r * kPieceFrag; i < (r + 1) * kPieceFrag; i += 4)
+            *reinterpret_cast<float4*>(stage + dq_piece_offset(r, i)) = make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
+          fence_async_smem();
+          named_sync(128, kBwdBarDQ + wg);
+          if (tidx % 128 == 0) {
+            if constexpr (Deterministic) {
+              if (r == 0) dq_wait_turn(sem, dq_turn_of<T>(msk, m, n_block));
+            }
+            bulk_reduce_add_f32(acc + r * T::kdQStageFloats, stage, T::kdQStageFloats * sizeof(float));
+            tma_store_arrive();
+          }
+        }
+        if constexpr (Deterministic) {
+          if (tidx % 128 == 0) {
+            asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the adds are done, not just read
+            __threadfence();
+            atomicAdd(sem, 1);
+          }
+        }
+      };
+      // One head-dim split step with S^T / dP^T by role: WG 0 computes S^T and P^T for all kBlockM
+      // rows, WG 1 dP^T; P^T (16-bit) goes to smem for dV and for WG 1, which forms dS^T from it.
+      // Then dV, dK, dQ split by head_dim as in the row split. Two CTA-wide syncs per step (P
+      // stored; dS stored). Branches on wg hold no wgmma in flight (each arm waits for its own).
+      // (A generic lambda: its body is instantiated only where kSdPByRole calls it.)
+      auto step_by_role = [&](auto hq, int m, int it) {
+        int const row0 = m * kBlockM;
+        int const buf = it & 1;
+        typename T::TiledMmaSdPRole mma_role;
+        auto wg_role = mma_role.get_slice(0);
+        auto thr_role = mma_role.get_thread_slice(tidx % 128);
+        Tensor acc = partition_fragment_C(mma_role, Shape<_64, Int<kBlockM>>{});  // S^T (WG 0) or dP^T (WG 1)
+        Tensor acc_rc = make_tensor(acc.data(), acc_rowcol(acc.layout()));
+        Tensor cR = thr_role.partition_C(make_identity_tensor(Shape<_64, Int<kBlockM>>{}));  // (key, row)
+        Tensor cR_rc = make_tensor(cR.data(), acc_rowcol(cR.layout()));
+        constexpr int kRC = decltype(size<1>(cR_rc))::value;  // rows owned by this thread
+        constexpr int kRK = decltype(size<0>(cR_rc))::value;  // keys owned by this thread
+        Tensor sPt = make_tensor(make_smem_ptr(ss.p.data() + buf * T::kdSSize), typename T::SmemLayoutdSt{});
+        Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdSt{});
+        tl.mark(kBwdStart);
+        if (wg == 0) {
+          bwd_consumer_wait(pipe_q, rd);
+          wg_gemm<true, -1>(mma_role, wg_role.partition_fragment_A(sK), wg_role.partition_fragment_B(sQ)(_, _, _, rd.index()), acc);
+          warpgroup_wait<0>();
+        } else {
+          bwd_consumer_wait(pipe_do, rd_do);
+          wg_gemm<true, -1>(mma_role, wg_role.partition_fragment_A(sV), wg_role.partition_fragment_B(sdO)(_, _, _, rd_do.index()), acc);
+          warpgroup_wait<0>();
+        }
+        tl.mark(kBwdIssued);
+        auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_role);
+        auto r2s_thr = r2s.get_thread_slice(tidx % 128);
+        if (wg == 0) {
+          // P^T = exp2(S^T * scale_log2 - lse2), element-wise mask only on boundary steps.
+          float const* s_lse = ss.lse[rd.index()];
+          auto p_tile = [&](auto masked) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < kRC; ++j) {
+              float const lse2 = s_lse[int(get<1>(cR_rc(0, j)))];
+              CUTLASS_PRAGMA_UNROLL
+              for (int i = 0; i < kRK; ++i) {
+                float pr = exp2_at<T::kPolyEvery, decltype(masked)::value>(j * kRK + i, acc_rc(i, j) * scale_log2 - lse2);
+                if constexpr (decltype(masked)::value) {
+                  int64_t const key = n_block * kBlockN + int(get<0>(cR_rc(i, j)));
+                  int64_t const row = row0 + int(get<1>(cR_rc(i, j)));
+                  if (!msk.visible(row, key)) pr = 0.f;
+                  if constexpr (Segments) {
+                    if (__ldg(q_seg + min(row, int64_t(p.seqlen_q - 1))) != __ldg(kv_seg + min(key, int64_t(p.seqlen_k - 1))))
+                      pr = 0.f;
+                  }
+                }
+                acc_rc(i, j) = pr;
+              }
+            }
+          };
+          if (full_lo <= row0 && row0 + kBlockM <= full_hi) p_tile(cute::false_type{}); else p_tile(cute::true_type{});
+          Tensor p16 = make_tensor<Element>(acc.layout());
+          convert_out(acc, p16);
+          cute::copy(r2s, r2s_thr.retile_S(p16), r2s_thr.partition_D(sPt));
+        }
+        if constexpr (kDeferLastPiece) {
+          if (it > 0) flush_held();  // the previous step's last dQ piece (no wgmma in flight here)
+        } else {
+          if (tidx % 128 == 0) tma_store_wait<0>();
+        }
+        fence_async_smem();
+        named_sync(T::kMmaThreads, kBwdBarDS);  // P^T stored, dP^T formed
+        tl.mark(kBwdPdS);
+        if (wg == 1) {
+          bwd_consumer_wait(pipe_q, rd);  // (dK's B operand, a step ahead: no wait in practice)
+          // dS^T = P^T (dP^T - D), with P^T read back in dP^T's fragment order.
+          Tensor p16 = make_tensor<Element>(acc.layout());
+          auto s2r = make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_role);
+          auto s2r_thr = s2r.get_thread_slice(tidx % 128);
+          cute::copy(s2r, s2r_thr.partition_S(sPt), s2r_thr.retile_D(p16));
+          Tensor p_rc = make_tensor(p16.data(), acc_rowcol(p16.layout()));
+          float const* s_dsum = ss.dsum[rd_do.index()];
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kRC; ++j) {
+            float const d = s_dsum[int(get<1>(cR_rc(0, j)))];
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < kRK; ++i) acc_rc(i, j) = float(p_rc(i, j)) * (acc_rc(i, j) - d);
+          }
+          Tensor ds16 = make_tensor<Element>(acc.layout());
+          convert_out(acc, ds16);
+          cute::copy(r2s, r2s_thr.retile_S(ds16), r2s_thr.partition_D(sdSt));
+          fence_async_smem();
+        } else {
+          bwd_consumer_wait(pipe_do, rd_do);  // (dV's B operand; WG 1 waited for it before dP^T)
+        }
+        wg_gemm<false, -1>(mma_dkv, wg_dkv.partition_fragment_A(sPt), tdVrdO(_, _, _, rd_do.index()), tdVrdV);
+        named_sync(T::kMmaThreads, kBwdBarDS);  // dS^T stored
+        tl.mark(kBwdShared);
+        wg_gemm<false, -1>(mma_dkv, wg_dkv.partition_fragment_A(sdSt), tdKrQ(_, _, _, rd.index()), tdKrdK);
+        dq_step_tail(buf, hq, m);
+      };
       BwdStep st = w.first_step(group);
       CUTLASS_PRAGMA_NO_UNROLL
       for (int it = 0; it < n_iters; ++it, w.next_step(st)) {
         int const hq = st.hq, m = st.m;
+        if constexpr (kSdPByRole) {
+          step_by_role(hq, m, it);
+          tl.mark(kBwdEnd);
+          tl.end_step();
+          continue;
+        }
         int const row0 = m * kBlockM;
         int const buf = T::kAsyncDS ? ds_count & 1 : it & 1;
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
@@ -931,52 +1097,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           wg_gemm<false, -1>(mma_dkv, wg_dkv.partition_fragment_A(sPt), tdVrdO(_, _, _, rd_do.index()), tdVrdV);
           wg_gemm<false, -1>(mma_dkv, wg_dkv.partition_fragment_A(sdSt), tdKrQ(_, _, _, rd.index()), tdKrdK);
           tl.mark(kBwdShared);
-          Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdS{});
-          Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);
-          Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-          wg_gemm<true, -1>(mma_dq, tdQrdS, tdQrK, tdQrdQ);
-          warpgroup_wait<2>();  // dV, the last reader of this dO stage, is done
-          pipe_do.consumer_release(rd_do);
-          ++rd_do;
-          warpgroup_wait<0>();
-          tl.mark(kBwdDQDone);
-          pipe_q.consumer_release(rd);
-          ++rd;
-          // dQ partial -> smem (fragment order) -> bulk reduce-add into dq_accum, in kdQRounds
-          // pieces per WG (rows past seqlen_q add zeros: P is 0 there).
-          float* acc = dq_block_ptr(kp, b, hq, row0, wg);
-          int* sem = dq_counter_ptr(kp, b, hq, row0);
-          CUTLASS_PRAGMA_UNROLL
-          for (int r = 0; r < T::kdQRounds; ++r) {
-            if (kDeferLastPiece && r == T::kdQRounds - 1) {
-              CUTLASS_PRAGMA_UNROLL
-              for (int i = 0; i < kPieceFrag; ++i) dq_held[i] = tdQrdQ(r * kPieceFrag + i);
-              held_dst = acc + r * T::kdQStageFloats;
-              break;
-            }
-            if (r > 0 || kDeferLastPiece) {  // the previous piece's reduce must have read the staging buffer
-              wg_wait_bulk_reads(tidx, kBwdBarDQ + wg);
-            }
-            CUTLASS_PRAGMA_UNROLL
-            for (int i = r * kPieceFrag; i < (r + 1) * kPieceFrag; i += 4)
-              *reinterpret_cast<float4*>(stage + dq_piece_offset(r, i)) = make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
-            fence_async_smem();
-            named_sync(128, kBwdBarDQ + wg);
-            if (tidx % 128 == 0) {
-              if constexpr (Deterministic) {
-                if (r == 0) dq_wait_turn(sem, dq_turn_of<T>(msk, m, n_block));
-              }
-              bulk_reduce_add_f32(acc + r * T::kdQStageFloats, stage, T::kdQStageFloats * sizeof(float));
-              tma_store_arrive();
-            }
-          }
-          if constexpr (Deterministic) {
-            if (tidx % 128 == 0) {
-              asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the adds are done, not just read
-              __threadfence();
-              atomicAdd(sem, 1);
-            }
-          }
+          dq_step_tail(buf, hq, m);
         }
         tl.mark(kBwdEnd);
         tl.end_step();

@@ -37,15 +37,21 @@ struct BwdTileConfig;
 #ifndef JF_BWD_DYN_MAXS128
 #define JF_BWD_DYN_MAXS128 (1 << 30)
 #endif
-template <> struct BwdTileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PolyEvery = JF_BWD_POLY64, DynamicCausalMaxS = JF_BWD_DYN_MAXS64; };
+template <> struct BwdTileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PolyEvery = JF_BWD_POLY64, DynamicCausalMaxS = JF_BWD_DYN_MAXS64; static constexpr bool SdPByRole = false; };
 // Three Q / dO stages at H=128, the dK / dV epilogue in the dQ staging buffer (v44: +1-2% at 1k,
 // +0-1.5% at 4k, same run); JF_BWD_STAGES128=2 restores two stages and a separate epilogue buffer.
 #ifndef JF_BWD_STAGES128
 #define JF_BWD_STAGES128 3
 #endif
-template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, Stages = JF_BWD_STAGES128, PolyEvery = JF_BWD_POLY128, DynamicCausalMaxS = JF_BWD_DYN_MAXS128; };
-// 64 keys per CTA: the WGs split head_dim (BwdTraits::kSplitD).
-template <> struct BwdTileConfig<256> { static constexpr int M = 64, N = 64, Stages = 2, PolyEvery = 0, DynamicCausalMaxS = 1 << 30; };
+template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, Stages = JF_BWD_STAGES128, PolyEvery = JF_BWD_POLY128, DynamicCausalMaxS = JF_BWD_DYN_MAXS128; static constexpr bool SdPByRole = false; };
+// 64 keys per CTA: the WGs split head_dim (BwdTraits::kSplitD). SdPByRole: launches without a
+// causal / window bound take the S^T / dP^T-by-role instantiation (NOTES.md v57b, harness:
+// non-causal +4.2% / +1.4% / +1% at 1k / 4k / 16k; causal keeps the row split, by role lost 4% at
+// 1k there). JF_BWD_SDP_BY_ROLE=0 turns it off (A/B).
+#ifndef JF_BWD_SDP_BY_ROLE
+#define JF_BWD_SDP_BY_ROLE 1
+#endif
+template <> struct BwdTileConfig<256> { static constexpr int M = 64, N = 64, Stages = 2, PolyEvery = 0, DynamicCausalMaxS = 1 << 30; static constexpr bool SdPByRole = JF_BWD_SDP_BY_ROLE; };
 
 template <class Traits, bool Softcap, bool Deterministic, bool Segments = false, bool Dense = false,
           bool Dropout = false>
@@ -136,7 +142,7 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   auto kernel = &flash_bwd_kernel<T, Softcap, Deterministic, false, Segments, Dense, Dropout>;
-  if constexpr (JF_BWD_DYNAMIC && !Deterministic) {
+  if constexpr (JF_BWD_DYNAMIC && !Deterministic && !T::kSdPByRole) {  // by role: non-causal only
     if (dynamic) kernel = &flash_bwd_kernel<T, Softcap, false, true, Segments, Dense, Dropout>;
   }
   constexpr int smem = T::kSmemBytes;
@@ -179,7 +185,16 @@ cudaError_t run_bwd_hdim(const FlashBwdParams& p, cudaStream_t stream) {
     return launch_bwd<T, false, false, false, true>(p, stream);
   }
   if (p.deterministic) return p.softcap > 0.f ? launch_bwd<T, true, true>(p, stream) : launch_bwd<T, false, true>(p, stream);
-  return p.softcap > 0.f ? launch_bwd<T, true, false>(p, stream) : launch_bwd<T, false, false>(p, stream);
+  if (p.softcap > 0.f) return launch_bwd<T, true, false>(p, stream);
+  if constexpr (C::SdPByRole) {
+    // No causal / window bound: masked steps only at ragged ends (lengths, seqlens not a multiple
+    // of 64), where by role costs more than the row split.
+    if (p.window_left < 0 && p.window_right < 0) {
+      using TR = BwdTraits<kHeadDim, C::M, C::N, C::Stages, Element, C::PolyEvery, false, true>;
+      return launch_bwd<TR, false, false>(p, stream);
+    }
+  }
+  return launch_bwd<T, false, false>(p, stream);
 }
 
 }  // namespace jax_flash::sm90
