@@ -22,6 +22,7 @@ case "${1:-}" in
     HDIM=64 tools/build_harness_variants.sh fwd base:"$off59 $off60" both:
     for v in base both; do cp cuda/sm90/harness/bin/test_sm90_$v scratch/bin/f64_$v; done ;;
   run)
+    set +e  # the HDIM builds exit 1 for the fp16 cases they refuse; keep going
     OUT=${OUT:-/tmp/jf_out}; mkdir -p "$OUT"; cd scratch/bin
     for b in f128_both f64_both; do  # correctness first (the HDIM builds refuse fp16 cases)
       h=${b#f}; h=${h%%_*}; timeout 120 ./$b --no-bench --h=$h > /tmp/c_$b.txt 2>&1
