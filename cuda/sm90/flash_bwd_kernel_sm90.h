@@ -22,7 +22,9 @@
 //   head-dim split (head_dim 256, 64 keys per CTA): 64 keys x 256 of dK + dV would need 256
 //       accumulator registers per thread in one WG, so both WGs share the 64 keys. S^T / dP^T
 //       are split by query rows (64 keys x kBlockM/2 each), P^T and dS^T meet in smem (double
-//       buffer), and dV, dK, dQ are split by head_dim (wgmma SS). To fit smem, dO has one
+//       buffer), and dV, dK, dQ are split by head_dim (wgmma SS). Launches without a causal /
+//       window bound take kSdPByRole instead: WG 0 computes S^T and WG 1 dP^T for all kBlockM
+//       rows (fewer smem bytes per step), P^T crossing to WG 1 through smem (NOTES.md v57b). To fit smem, dO has one
 //       stage (released as soon as dV has read it) and dQ is staged half a WG tile at a time
 //       (two bulk reduce-adds per WG per step). Vector atomics from registers instead were
 //       1.3x slower: the register operands of the REDs stay held until the LSU drains them.
