@@ -828,11 +828,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
                 if constexpr (decltype(masked)::value) {
                   int64_t const key = n_block * kBlockN + int(get<0>(cR_rc(i, j)));
                   int64_t const row = row0 + int(get<1>(cR_rc(i, j)));
-                  if (!msk.visible(row, key)) pr = 0.f;
-                  if constexpr (Segments) {
-                    if (__ldg(q_seg + min(row, int64_t(p.seqlen_q - 1))) != __ldg(kv_seg + min(key, int64_t(p.seqlen_k - 1))))
-                      pr = 0.f;
-                  }
+                  if (!msk.visible(row, key)) pr = 0.f;  // (no segment ids here: static_assert above)
                 }
                 acc_rc(i, j) = pr;
               }
