@@ -1,7 +1,8 @@
 """C++ helpers of cuda/common checked by small programs: the mask helpers the sm90 kernels hoist
 out of their loops (mask.h) against element-by-element visibility (tests/cpp/test_mask.cc), and
 the rules by which the CUDA handlers route optional inputs to the Hopper or the portable kernels
-(flash_params.h; tests/cpp/test_routing.cc)."""
+(flash_params.h; tests/cpp/test_routing.cc), and the Hopper tile schedule's index arithmetic
+(sm90/scheduler.h; tests/cpp/test_scheduler.cc)."""
 
 import pathlib
 import shutil
@@ -32,3 +33,8 @@ def test_hopper_routing_of_optional_inputs(tmp_path):
     """Segment ids: Hopper forward and backward (not softcap / deterministic backward); mask:
     Hopper forward; bias: Hopper forward above head dim 64 only; dropout: portable."""
     assert "0 routing failures" in build_and_run(tmp_path, "test_routing")
+
+
+def test_tile_schedule_index_arithmetic(tmp_path):
+    """get_tile's multiply-high divisions give the schedule's (block, head, batch) for every tile."""
+    assert " 0 mismatches" in build_and_run(tmp_path, "test_scheduler")

@@ -120,8 +120,8 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   bool const longest_first = p.window_right >= 0;
   // A kv head's Q + dO (all q heads of its group) in L2.
   int64_t const qdo_bytes = int64_t(p.seqlen_q) * p.head_dim * 2 * int64_t(sizeof(Element)) * (p.heads_q / p.heads_kv);
-  kp.sched = {n_blocks, p.heads_kv * p.batch, p.heads_kv, heads_per_l2_chunk(qdo_bytes), int(tiles),
-              longest_first ? TileOrder::kFirstBlockLongest : TileOrder::kByHead};
+  kp.sched = make_tile_schedule(n_blocks, p.heads_kv * p.batch, p.heads_kv, heads_per_l2_chunk(qdo_bytes), int(tiles),
+                                longest_first ? TileOrder::kFirstBlockLongest : TileOrder::kByHead);
   int sms = 0;
   err = sm_count(&sms);
   if (err != cudaSuccess) return err;

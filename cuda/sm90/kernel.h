@@ -28,6 +28,7 @@ __forceinline__ __device__ void tile_key_blocks(FlashFwdParams const& p, SeqMask
 template <class Traits, bool Softcap, bool Segments, bool Dense = false, bool Dropout = false>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fwd_kernel(__grid_constant__ const KernelParams<Traits> kp) {
   using T = Traits;
+  static_assert(kBarTileFull<T> + T::kMmaWGs <= 8, "named barrier ids run out (NamedBarrier ids are 0..7)");
   extern __shared__ __align__(1024) char smem_raw[];
   auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
   FlashFwdParams const& p = kp.p;
@@ -104,7 +105,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
           tile = __shfl_sync(0xffffffff, next, 0);
           if (threadIdx.x == 0) *reinterpret_cast<int volatile*>(&ss.next_tile) = tile;
           asm volatile("" ::: "memory");  // bar.* carry no memory clobber: keep the store before the arrive
-          cutlass::arch::NamedBarrier::arrive(T::kMmaThreads + 32, kBarTileFull<T>);
+          tile_full_arrive<T>();
         }
       }
       // Keep the CTA alive until the consumers have released every stage.
@@ -128,7 +129,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
     TileTimeline ttl;
     ttl.init(kp.timeline, tile_timeline_offset(wg), blockIdx.x == 0 && tidx % 128 == 0);
     for (int r = 0;; ++r) {
-      ttl.mark(kTileStart);
+      if (JF_FWD_TL_START == 0) ttl.mark(kTileStart);
       if (dynamic) {
         if (tile >= kp.sched.num_tiles) break;
       } else {
@@ -140,6 +141,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
       SeqMask msk = make_seq_mask(p, tc.b);
       int n_min, n_max;
       tile_key_blocks<T, Segments, Dense>(p, msk, tc, n_min, n_max);
+      if (JF_FWD_TL_START == 1) ttl.mark(kTileStart);
       typename T::TiledMmaPV mma_pv;
       Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename T::TileShapePV{}));
       OnlineSoftmax<2, T::kSoftmaxChains, T::kPolyEvery> softmax;
@@ -158,7 +160,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
       store_o_lse<T>(kp, ss, tOrO, inv, lse, tc.m_block, tc.h, tc.b, tidx, wg);
       ttl.mark(kTileStored);
       if (dynamic) {
-        cutlass::arch::NamedBarrier::sync(T::kMmaThreads + 32, kBarTileFull<T>);
+        tile_full_sync<T>(wg);
         asm volatile("" ::: "memory");
         tile = *reinterpret_cast<int volatile*>(&ss.next_tile);
         asm volatile("" ::: "memory");

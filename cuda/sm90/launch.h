@@ -102,8 +102,9 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   // Longest-first in chunks of heads only when tiles are taken in index order: the static snake
   // order balances only a globally sorted tile list (chunked, S=1k causal lost 6-20%, NOTES.md v11).
   int const num_bh = p.heads_q * p.batch;
-  kp.sched = {m_blocks, num_bh, p.heads_q, persistent && !dynamic ? num_bh : heads_per_l2_chunk(kv_bytes, TileConfig<T::kHeadDim>::ChunkMB), int(tiles),
-              longest_first ? TileOrder::kLastBlockLongest : TileOrder::kByHead};
+  kp.sched = make_tile_schedule(m_blocks, num_bh, p.heads_q,
+                                persistent && !dynamic ? num_bh : heads_per_l2_chunk(kv_bytes, TileConfig<T::kHeadDim>::ChunkMB),
+                                int(tiles), longest_first ? TileOrder::kLastBlockLongest : TileOrder::kByHead);
   kp.tile_counter = dynamic ? p.tile_counter : nullptr;
   if (dynamic) {
     err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream);

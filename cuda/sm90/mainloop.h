@@ -79,11 +79,28 @@ __forceinline__ __device__ void sched_arrive(int wg) {
 // epilogue's per-WG ids (5 with up to two consumer WGs).
 template <class Traits>
 constexpr int kBarQEmpty = 1 + 2 * Traits::kMmaWGs > 5 ? 1 + 2 * Traits::kMmaWGs : 5;
-// The dynamic schedule's tile hand-off (scheduler.h).
+// The dynamic schedule's tile hand-off (scheduler.h): one "empty" barrier (every consumer has read
+// the hand-off) and, per consumer WG, one "full" barrier (its id kBarTileFull + wg), so that a WG
+// starts its next tile without waiting for the other WG's epilogue (NOTES.md v60). The WGs end a
+// tile about half a step apart (the GEMM-issue ring), and a joint barrier made both start the next
+// one together: both first S GEMMs at once, then both softmaxes with the tensor pipe idle.
+// cutlass::arch::NamedBarrier ids are offset by CUTLASS's 8 reserved hardware barriers: ids 0..7
+// only. The GEMM-issue ring, the epilogue and Q-empty take 1..5; "empty" takes the unused 0.
+template <class Traits>
+constexpr int kBarTileEmpty = 0;
 template <class Traits>
 constexpr int kBarTileFull = kBarQEmpty<Traits> + 1;
+// The producer warp publishes a hand-off to every consumer WG.
 template <class Traits>
-constexpr int kBarTileEmpty = kBarQEmpty<Traits> + 2;
+__forceinline__ __device__ void tile_full_arrive() {
+  CUTLASS_PRAGMA_UNROLL
+  for (int w = 0; w < Traits::kMmaWGs; ++w) cutlass::arch::NamedBarrier::arrive(128 + 32, kBarTileFull<Traits> + w);
+}
+// Consumer WG wg waits for the hand-off.
+template <class Traits>
+__forceinline__ __device__ void tile_full_sync(int wg) {
+  cutlass::arch::NamedBarrier::sync(128 + 32, kBarTileFull<Traits> + wg);
+}
 template <class Traits>
 __forceinline__ __device__ void q_empty_arrive() {
   cutlass::arch::NamedBarrier::arrive(Traits::kMmaThreads + 32, kBarQEmpty<Traits>);
@@ -197,6 +214,7 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
   tl.init(kp.timeline, wg, blockIdx.x == 0 && tidx % 128 == 0);
   int n_block = n_max - 1;
   if constexpr (Dense && !T::kDenseTma) load_dense_words(dense_words, cS_rc, dense, n_block * kBlockN);
+  if (JF_FWD_TL_START == 2) ttl.mark(kTileStart);
   ss.barrier_q.wait(q_phase);
   ttl.mark(kTileQReady);
   {

@@ -21,6 +21,28 @@ struct TileCoord {
 // different head and miss in L2 (the S=1k causal case, NOTES.md).
 enum class TileOrder : int { kByHead, kLastBlockLongest, kFirstBlockLongest };
 
+// x / d for a divisor fixed at launch and 0 <= x < 2^31: a multiply-high and a shift (Granlund and
+// Montgomery's round-up method) instead of the ~20 dependent instructions of a division by a
+// run-time int. Built on the host.
+struct FastDiv {
+  uint32_t d = 1, mul = 0, shift = 0;
+  FastDiv() = default;
+  explicit FastDiv(int divisor) : d(uint32_t(divisor < 1 ? 1 : divisor)) {
+    if (d == 1) return;
+    uint32_t l = 0;  // ceil(log2(d))
+    while ((uint64_t(1) << l) < d) ++l;
+    mul = uint32_t(((uint64_t(1) << (31 + l)) + d - 1) / d);
+    shift = l - 1;
+  }
+  JF_HOST_DEVICE int div(int x) const {
+#ifdef __CUDA_ARCH__
+    return d == 1 ? x : int(__umulhi(uint32_t(x), mul) >> shift);
+#else
+    return d == 1 ? x : int((uint64_t(uint32_t(x)) * mul >> 32) >> shift);
+#endif
+  }
+};
+
 struct TileSchedule {
   int num_blocks;       // blocks per head
   int num_bh;           // batch * heads
@@ -28,7 +50,27 @@ struct TileSchedule {
   int heads_per_chunk;  // longest-first orders only
   int num_tiles;        // num_blocks * num_bh
   TileOrder order;
+  // The divisions of get_tile, by num_blocks, heads, heads_per_chunk and heads_per_chunk *
+  // num_blocks (tile setup sits between a tile's hand-off and its first GEMM, NOTES.md v59).
+  FastDiv by_blocks, by_heads, by_chunk_heads, by_chunk_tiles;
 };
+
+inline TileSchedule make_tile_schedule(int num_blocks, int num_bh, int heads, int heads_per_chunk, int num_tiles,
+                                       TileOrder order) {
+  if (heads_per_chunk > num_bh) heads_per_chunk = num_bh;  // the same order; keeps chunk tiles <= num_tiles
+  TileSchedule s;
+  s.num_blocks = num_blocks;
+  s.num_bh = num_bh;
+  s.heads = heads;
+  s.heads_per_chunk = heads_per_chunk;
+  s.num_tiles = num_tiles;
+  s.order = order;
+  s.by_blocks = FastDiv(num_blocks);
+  s.by_heads = FastDiv(heads);
+  s.by_chunk_heads = FastDiv(heads_per_chunk);
+  s.by_chunk_tiles = FastDiv(heads_per_chunk * num_blocks);  // <= num_tiles < 2^31
+  return s;
+}
 
 // Heads per longest-first chunk: about chunk_mb MB of per-head operands (K/V forward, Q/dO
 // backward) per chunk, so the ~2 chunks in flight stay inside the 50 MB L2.
@@ -38,32 +80,34 @@ inline int heads_per_l2_chunk(int64_t bytes_per_head, int chunk_mb = 8) {
   return int(h < 1 ? 1 : (h > (1 << 20) ? (1 << 20) : h));
 }
 
-__forceinline__ __device__ TileCoord get_tile(int linear, TileSchedule const& s) {
+JF_HOST_DEVICE TileCoord get_tile(int linear, TileSchedule const& s) {
   TileCoord t;
   int bh;
   if (s.order == TileOrder::kByHead) {
-    t.m_block = linear % s.num_blocks;
-    bh = linear / s.num_blocks;
+    bh = s.by_blocks.div(linear);
+    t.m_block = linear - bh * s.num_blocks;
   } else {
-    int const chunk_tiles = s.heads_per_chunk * s.num_blocks;
-    int const bh0 = linear / chunk_tiles * s.heads_per_chunk, in = linear % chunk_tiles;
-    int const nh = min(s.heads_per_chunk, s.num_bh - bh0);  // the last chunk may be short
-    int const rank = in / nh;                               // 0 = longest
-    bh = bh0 + in % nh;
+    int const chunk = s.by_chunk_tiles.div(linear);
+    int const bh0 = chunk * s.heads_per_chunk, in = linear - chunk * (s.heads_per_chunk * s.num_blocks);
+    int const nh = s.num_bh - bh0 < s.heads_per_chunk ? s.num_bh - bh0 : s.heads_per_chunk;  // the last chunk may be short
+    int const rank = nh == s.heads_per_chunk ? s.by_chunk_heads.div(in) : in / nh;  // 0 = longest
+    bh = bh0 + (in - rank * nh);
     t.m_block = s.order == TileOrder::kLastBlockLongest ? s.num_blocks - 1 - rank : rank;
   }
-  t.h = bh % s.heads;
-  t.b = bh / s.heads;
+  t.b = s.by_heads.div(bh);
+  t.h = bh - t.b * s.heads;
   return t;
 }
 
 // Tile of round r for this CTA. Rounds alternate direction (snake) so that, with tiles sorted
 // longest-first, every persistent CTA gets a similar total amount of work. With
 // gridDim.x == number of tiles (non-persistent launch) this is just blockIdx.x.
+#ifdef __CUDACC__
 __forceinline__ __device__ int snake_tile(int r) {
   int const g = int(gridDim.x), i = int(blockIdx.x);
   return r * g + ((r & 1) ? g - 1 - i : i);
 }
+#endif
 
 // Dynamic persistent schedule (forward): grid = min(CTA slots, tiles), CTA i starts with tile i,
 // and each CTA's producer takes its next tile from a global counter (zeroed before the launch)
@@ -75,7 +119,7 @@ __forceinline__ __device__ int snake_tile(int r) {
 
 // Key blocks [n_min, n_max) that rows [m0, m0 + kBlockM) can see (empty when n_max <= n_min).
 template <int kBlockM, int kBlockN>
-__forceinline__ __device__ void key_block_range(SeqMask const& m, int m_block, int& n_min, int& n_max) {
+JF_HOST_DEVICE void key_block_range(SeqMask const& m, int m_block, int& n_min, int& n_max) {
   int64_t lo, hi;
   m.key_range(int64_t(m_block) * kBlockM, int64_t(m_block + 1) * kBlockM, &lo, &hi);
   if (hi <= lo) { n_min = 0; n_max = 0; return; }

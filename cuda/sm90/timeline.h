@@ -103,6 +103,12 @@ constexpr int tile_timeline_offset(int wg) { return 2 * kTimelineSteps * kTimeli
 constexpr int kProdMarks = 4;
 enum ProdMark { kProdTop, kProdQIssue, kProdFirstKV, kProdAllIssued };
 constexpr int kProducerTimelineOffset = tile_timeline_offset(2);
+// Where a forward tile's kTileStart mark sits (diagnostic builds): 0 at the top of the tile loop,
+// 1 after the tile's coordinates and key-block range, 2 right before the Q wait ("wait Q" then
+// times the wait alone; NOTES.md v59).
+#ifndef JF_FWD_TL_START
+#define JF_FWD_TL_START 0
+#endif
 #ifdef JF_FWD_TIMELINE
 using StepTimeline = StepTimelineT<true>;
 using TileTimeline = TileRecordT<true, kTileMarks>;
