@@ -45,9 +45,10 @@ for t in "${targets[@]}"; do
       run_san memcheck sm80_small "$SM80_BIN" --small
       run_san racecheck sm80_small "$SM80_BIN" --small
       run_san memcheck sm80_even "$SM80_BIN" --even ;;
-    fwd)  # H=64: 64-row two-CTA and 128-row dynamic kernels; H=256: the 64-key tiles
+    fwd)  # H=64: 64-row two-CTA and 128-row dynamic kernels; H=128: the per-WG tile hand-off
+          # (v60) on the dynamic schedule; H=256: the 64-key tiles
       for h in 64 128 256; do run_san memcheck "fwd_h$h" "$FWD_BIN" --no-bench --h=$h; done
-      for h in 64 256; do run_san racecheck "fwd_h$h" "$FWD_BIN" --no-bench --h=$h; done ;;
+      for h in 64 128 256; do run_san racecheck "fwd_h$h" "$FWD_BIN" --no-bench --h=$h; done ;;
     bwd)  # non-causal persistent (0: H=128 GQA), causal on the dynamic schedule (6: H=128 GQA,
           # 19: H=64, 24: H=256), H=256 non-causal with S^T / dP^T by role (22), deterministic causal
           # (28), padded H=72 (32); the case numbers of test_bwd_sm90.cu's list. The key split's dS
