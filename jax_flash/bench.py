@@ -10,15 +10,27 @@ the implementations take turns round by round (all compiled and warmed up first)
 thermal drift during the cell falls on all of them alike instead of on whichever ran last.
 TFLOP/s counts 4*B*N*T*S*H for the forward (halved when causal), 2.5x that for the backward.
 Peak memory is XLA's compiled estimate (arguments + outputs + temporaries) of each call.
+
+`--sustained SECONDS` adds a second view: after the rounds, each implementation runs its forward,
+then its forward + backward, back to back for about SECONDS each, and nvidia-smi samples the SM
+clock and board power meanwhile (GPU only). Short rounds catch the GPU in boost after the
+host-side pauses between rounds; under sustained load an H200 runs attention at its 700 W cap
+(1550-1700 MHz instead of 1980), so the clock the board grants a kernel weighs as much as the
+kernel's cycles (cuda/sm90/NOTES.md, "Session 24"). Sustained figures also move far less
+between runs than the rounds' medians.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -84,9 +96,67 @@ def _error(e):
     return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
 
 
-def run_cell(impls, B, S, N, H, causal, dtype, rounds, calls, measure_memory):
+class ClockSampler:
+    """SM clock (MHz) and board power (W) sampled by nvidia-smi every 20 ms in the background.
+    Without nvidia-smi (CPU machines) it samples nothing and every window reads None. Samples are
+    read back only after close(): nvidia-smi buffers its output while it runs."""
+
+    FIELDS = "timestamp,clocks.sm,power.draw"
+
+    def __init__(self, enabled=True):
+        self._proc, self._samples = None, []
+        exe = shutil.which("nvidia-smi") if enabled else None
+        if exe is None:
+            return
+        self._file = tempfile.TemporaryFile(mode="w+")
+        self._proc = subprocess.Popen([exe, f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits",
+                                       "-lms", "20", "-i", "0"], stdout=self._file, stderr=subprocess.DEVNULL)
+
+    def close(self):
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        self._proc.wait()
+        self._file.seek(0)
+        self._samples = [x for x in map(self._parse, self._file) if x is not None]
+        self._file.close()
+        self._proc = None
+
+    @staticmethod
+    def _parse(line):
+        parts = [x.strip() for x in line.split(",")]
+        try:  # local wall time, as time.time()
+            t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            return t, float(parts[1]), float(parts[2])
+        except (ValueError, IndexError):
+            return None
+
+    def window(self, t0, t1):
+        """Mean (MHz, W) over [t0, t1] (time.time() seconds), leaving out its first tenth, where
+        the board still reacts to what ran before; (None, None) without samples."""
+        lo = t0 + 0.1 * (t1 - t0)
+        s = [x for x in self._samples if lo <= x[0] <= t1]
+        if not s:
+            return None, None
+        return statistics.mean(x[1] for x in s), statistics.mean(x[2] for x in s)
+
+
+def _time_sustained(fn, args, seconds, per_call):
+    """(seconds per call, wall-clock window) of about `seconds` of back-to-back calls."""
+    calls = max(1, math.ceil(seconds / max(per_call, 1e-6)))
+    t0, p0 = time.time(), time.perf_counter()
+    for _ in range(calls):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - p0) / calls, (t0, time.time())
+
+
+def run_cell(impls, B, S, N, H, causal, dtype, rounds, calls, measure_memory, sustained=0.0):
     """Times every implementation on one grid cell, interleaved: each is compiled and warmed up,
     then every round times each implementation's forward and forward + backward in turn.
+    With sustained > 0, each implementation then runs its forward and forward + backward back to
+    back for about `sustained` seconds each (results gain "sustained": per-call seconds and the
+    wall-clock windows, which main() turns into TFLOP/s, clock and power).
     Returns {name: result dict, or {"error": ...} for an implementation that failed}."""
     key = jax.random.key(0)
     kq, kk, kv, kd = jax.random.split(key, 4)
@@ -121,6 +191,12 @@ def run_cell(impls, B, S, N, H, causal, dtype, rounds, calls, measure_memory):
             "fwd_tflops": flops / t_f / 1e12,
             "bwd_tflops": 2.5 * flops / max(t_fb - t_f, 1e-9) / 1e12,
         }
+        if sustained > 0:
+            (f_s, f_win), (fb_s, fb_win) = (_time_sustained(fn, args, sustained, t)
+                                            for fn, args, t in ((fwd, (q, k, v), t_f), (fwd_bwd, (q, k, v, do), t_fb)))
+            res["fwd_sus_tflops"] = flops / f_s / 1e12
+            res["bwd_sus_tflops"] = 2.5 * flops / max(fb_s - f_s, 1e-9) / 1e12
+            res["_windows"] = (f_win, fb_win)
         if measure_memory(name):
             res["fwd_peak_mb"] = (_peak_bytes(fwd, (q, k, v)) or 0) / 2**20
             res["fwd_bwd_peak_mb"] = (_peak_bytes(fwd_bwd, (q, k, v, do)) or 0) / 2**20
@@ -133,6 +209,13 @@ def _positive(text):
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return n
+
+
+def _non_negative(text):
+    x = float(text)
+    if not x >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return x
 
 
 def main(argv=None):
@@ -150,6 +233,9 @@ def main(argv=None):
     p.add_argument("--impls", nargs="+", default=None, help="subset of implementations to run")
     p.add_argument("--rounds", type=_positive, default=7 if on_gpu else 3)
     p.add_argument("--calls", type=_positive, default=10 if on_gpu else 1)
+    p.add_argument("--sustained", type=_non_negative, default=0.0, metavar="SECONDS",
+                   help="also time SECONDS of back-to-back calls per implementation and pass, with the "
+                        "SM clock and power (GPU) alongside (default 0: off)")
     p.add_argument("--xla-max-gb", type=float, default=8.0, help="skip XLA when its logits exceed this")
     p.add_argument("--json", help="write the results as JSON here")
     p.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
@@ -167,6 +253,7 @@ def main(argv=None):
     print(f"# jax_flash benchmark on {jax.devices()[0].device_kind} ({jax.default_backend()}), "
           f"jax {jax.__version__}; implementations: {', '.join(impls)}", flush=True)
     rows = []
+    sampler = ClockSampler(enabled=on_gpu and a.sustained > 0)
     for dtype in a.dtypes:
         for H in a.head_dims:
             for S in a.seqlens:
@@ -177,10 +264,19 @@ def main(argv=None):
                     cell = {n: f for n, f in impls.items()
                             if not (n == "xla" and B * N * S * S * 4 > a.xla_max_gb * 1e9)}
                     row["results"] = run_cell(cell, B, S, N, H, causal, jnp.dtype(dtype), a.rounds, a.calls,
-                                              measure_memory=lambda n: not on_gpu or n == "jax_flash")
+                                              measure_memory=lambda n: not on_gpu or n == "jax_flash",
+                                              sustained=a.sustained)
                     rows.append(row)
                     _print_row(row, impls)
+    sampler.close()
+    for row in rows:
+        for r in row["results"].values():
+            if "_windows" in r:
+                (r["fwd_mhz"], r["fwd_w"]), (r["fwd_bwd_mhz"], r["fwd_bwd_w"]) = map(
+                    lambda w: sampler.window(*w), r.pop("_windows"))
     _print_table(rows, impls)
+    if a.sustained > 0:
+        _print_sustained(rows, impls, a.sustained)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": jax.devices()[0].device_kind, "jax": jax.__version__, "rows": rows}, f, indent=1)
@@ -242,6 +338,32 @@ def _print_table(rows, impls):
                 if "fwd_peak_mb" in r:
                     print(f"| {row['dtype']} | {row['H']} | {row['S']} | {'yes' if row['causal'] else 'no'} | {n} | "
                           f"{r['fwd_ms']:.1f} | {r['bwd_ms']:.1f} | {r['fwd_peak_mb']:.0f} | {r['fwd_bwd_peak_mb']:.0f} |")
+
+
+def _print_sustained(rows, impls, seconds):
+    names = [n for n in impls if any("fwd_sus_tflops" in row["results"].get(n, {}) for row in rows)]
+    head = ["dtype", "H", "S", "causal"] + [f"{n} {d}" for n in names for d in ("fwd", "bwd")]
+    head += ["fwd x best", "bwd x best"]
+    print(f"\nSustained: about {seconds:g} s of back-to-back calls per implementation and pass; "
+          "TFLOP/s @ mean SM clock in MHz (forward; forward + backward for bwd)")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+
+    def fmt(r, key, mhz):
+        if r is None or key not in r:
+            return "-"
+        return _num(r[key]) + (f" @{r[mhz]:.0f}" if r.get(mhz) is not None else "")
+
+    for row in rows:
+        cells = [row["dtype"], str(row["H"]), str(row["S"]), "yes" if row["causal"] else "no"]
+        for n in names:
+            r = row["results"].get(n)
+            cells += [fmt(r, "fwd_sus_tflops", "fwd_mhz"), fmt(r, "bwd_sus_tflops", "fwd_bwd_mhz")]
+        ours = next((r for n, r in row["results"].items() if n.startswith("jax_flash")), {})
+        for key in ("fwd_sus_tflops", "bwd_sus_tflops"):
+            best = _best_other(row, key)
+            cells.append(f"{ours[key] / best:.2f}" if best and key in ours else "-")
+        print("| " + " | ".join(cells) + " |")
 
 
 def _plot(rows, impls, path):

@@ -2,6 +2,8 @@
 bad arguments stop it with a usage error instead of garbage rows."""
 
 import json
+import os
+import time
 
 import pytest
 
@@ -20,7 +22,7 @@ def test_tiny_grid_runs(tmp_path, capsys):
 
 @pytest.mark.parametrize("args", [
     ["--head-dims", "0"], ["--seqlens", "-1"], ["--rounds", "0"], ["--dtypes", "int8"],
-    ["--impls", "no_such_impl"],
+    ["--impls", "no_such_impl"], ["--sustained", "-1"], ["--sustained", "nan"],
 ])
 def test_bad_arguments_are_usage_errors(args, capsys):
     with pytest.raises(SystemExit) as e:
@@ -58,3 +60,39 @@ def test_cell_interleaves_implementations_and_reports_failures(monkeypatch):
     assert [n for _, n in calls] == [3, 4] * 6
     # a's pair, then b's pair, in each of the three rounds
     assert fns[0:4] * 3 == fns and len({id(f) for f in fns[0:4]}) == 4
+
+
+def test_sustained_view_adds_its_figures_and_table(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert bench.main(["--seqlens", "32", "--head-dims", "16", "--dtypes", "float32", "--impls", "jax_flash", "xla",
+                       "--rounds", "1", "--batch", "1", "--heads", "2", "--sustained", "0.05", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())["rows"][0]["results"]
+    for r in res.values():
+        assert r["fwd_sus_tflops"] > 0 and "bwd_sus_tflops" in r and "_windows" not in r
+        assert r["fwd_mhz"] is None  # no GPU, no clock samples
+    text = capsys.readouterr().out
+    assert "Sustained: about 0.05 s" in text
+    assert text.split("Sustained:")[1].count("| float32 | 16 | 32 | no |") == 1
+
+
+def test_clock_sampler_averages_the_window(tmp_path, monkeypatch):
+    """The sampler parses nvidia-smi's CSV (local timestamps) and averages only the samples inside
+    a window, leaving out its first tenth. A stand-in nvidia-smi prints 1500 MHz, then 1700."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/bash\nclk=1500\nwhile true; do [ -e " + str(tmp_path / "switch") + " ] && clk=1700\n"
+                    "  echo \"$(date '+%Y/%m/%d %H:%M:%S.%3N'), $clk, 690.5\"; sleep 0.01; done\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    sampler = bench.ClockSampler()
+    time.sleep(0.6)
+    t_switch = time.time()
+    (tmp_path / "switch").touch()
+    time.sleep(0.3)  # the stand-in notices the switch within a loop turn (~10 ms)
+    t0 = time.time()
+    time.sleep(0.4)
+    t1 = time.time()
+    sampler.close()
+    assert sampler.window(t0, t1) == (pytest.approx(1700), pytest.approx(690.5))
+    mhz, _ = sampler.window(t_switch - 0.3, t_switch - 0.05)
+    assert mhz == pytest.approx(1500)
+    assert sampler.window(t1 + 10, t1 + 11) == (None, None)

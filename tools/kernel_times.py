@@ -11,6 +11,10 @@ machine:
 
 Between calls a marker kernel (a jitted sin over 7 floats) splits the ncu log; the profiler
 runs only around the measured calls (cuProfilerStart / Stop on the primary context).
+More metrics after gpu__time_duration.sum (e.g. smsp__inst_executed.sum,
+l1tex__data_pipe_lsu_wavefronts_mem_shared.sum, lts__t_bytes.sum, dram__bytes.sum) add a table
+of each per GFLOP, to compare what two implementations execute for the same work (session 24:
+under the power cap the clock, hence the energy per FLOP, separates ours from FA3's forward).
 """
 
 from __future__ import annotations
@@ -72,36 +76,67 @@ def measure(impl_name, cells, dtype_name):
     print("\n".join(runs))
 
 
+_TIME_SCALE_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+
+
+def _kernels(rows):
+    """ncu's CSV (one row per kernel launch and metric) -> [(kernel name, {metric: value})] in
+    launch order; durations in us."""
+    hdr = rows[0]
+    id_i, name_i = hdr.index("ID"), hdr.index("Kernel Name")
+    metric_i, val_i, unit_i = hdr.index("Metric Name"), hdr.index("Metric Value"), hdr.index("Metric Unit")
+    out, index = [], {}
+    for r in rows[1:]:
+        if r[id_i] not in index:
+            index[r[id_i]] = len(out)
+            out.append((r[name_i], {}))
+        value = float(r[val_i].replace(",", "")) if r[val_i].replace(",", "").replace(".", "", 1).isdigit() else float("nan")
+        if r[metric_i] == "gpu__time_duration.sum":
+            value *= _TIME_SCALE_US[r[unit_i]]
+        out[index[r[id_i]]][1][r[metric_i]] = value
+    return out
+
+
 def report(csv_path, order_path):
+    """Kernel times per run; with more metrics than the duration in the CSV, also each metric
+    summed over a run's kernels per GFLOP of the run (the backward's rows: the whole fwd+bwd call),
+    to set two implementations' executed work side by side."""
     runs = [line.split() for line in open(order_path) if line.strip() and not line.startswith("#")]
     with open(csv_path) as f:
         rows = [r for r in csv.reader(line for line in f if line.startswith('"'))]
-    hdr = rows[0]
-    name_i, val_i, unit_i = hdr.index("Kernel Name"), hdr.index("Metric Value"), hdr.index("Metric Unit")
     groups, cur = [], None
-    for r in rows[1:]:
-        scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}[r[unit_i]]
-        us = float(r[val_i].replace(",", "")) * scale
-        if "sine" in r[name_i].lower() and us < 50:
+    for name, m in _kernels(rows):
+        us = m.get("gpu__time_duration.sum", float("nan"))
+        if "sine" in name.lower() and us < 50:
             if cur is not None:
                 groups.append(cur)
             cur = []
         elif cur is not None:
-            cur.append((r[name_i][:60], us))
+            cur.append((name[:60], m))
     fwd_us = {}
     print("| impl | dtype | cell | pass | kernels (us) | total us | kernel TFLOP/s |")
     print("|---|---|---|---|---|---|---|")
     for run, ks in zip(runs, groups):
         impl, dt, h, s, c, what, flops = run
-        total = sum(us for _, us in ks)
+        total = sum(m["gpu__time_duration.sum"] for _, m in ks)
         key = (impl, dt, h, s, c)
         if what == "fwd":
             fwd_us[key] = total
             tf = float(flops) / total / 1e6
         else:
             tf = 2.5 * float(flops) / max(total - fwd_us.get(key, 0.0), 1e-9) / 1e6
-        lst = ", ".join(f"{n.split('(')[0][-40:]} {us:.0f}" for n, us in ks)
+        lst = ", ".join(f"{n.split('(')[0][-40:]} {m['gpu__time_duration.sum']:.0f}" for n, m in ks)
         print(f"| {impl} | {dt} | {h} {s} {c} | {what} | {lst} | {total:.0f} | {tf:.0f} |")
+    metrics = sorted({k for ks in groups for _, m in ks for k in m} - {"gpu__time_duration.sum"})
+    if metrics:
+        print("\nPer GFLOP of the call (summed over its kernels)")
+        print("| impl | dtype | cell | pass | " + " | ".join(metrics) + " |")
+        print("|---|---|---|---|" + "---|" * len(metrics))
+        for run, ks in zip(runs, groups):
+            impl, dt, h, s, c, what, flops = run
+            gflop = float(flops) * (3.5 if what != "fwd" else 1.0) / 1e9
+            vals = [sum(m.get(k, 0.0) for _, m in ks) / gflop for k in metrics]
+            print(f"| {impl} | {dt} | {h} {s} {c} | {what} | " + " | ".join(f"{v:.4g}" for v in vals) + " |")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,12 @@
 #include "utils_sm80.h"
 #include "../common/mask.h"
 
+// Experiment switch (sm90 NOTES.md v64): JF_SM80_LAZY_MAX=k keeps a row's running max until it
+// grows by more than 2^k (0 = off, the exact per-tile rescale).
+#ifndef JF_SM80_LAZY_MAX
+#define JF_SM80_LAZY_MAX 0
+#endif
+
 namespace jax_flash {
 namespace sm80 {
 
@@ -54,7 +60,10 @@ __device__ __forceinline__ void apply_mask_rows(T& rc, C const& crc, const int (
 }
 
 // Running max / sum per accumulator row of this thread.
-template <int kRows>
+// kLazyLog2 > 0 (sm90 NOTES.md v64, FA4's conditional rescale): a row keeps its running max until
+// the tile's max exceeds it by more than kLazyLog2 in the exp2 domain, so P stays below
+// 2^kLazyLog2 and most tiles leave O alone; the warp skips the multiplies when no row of it moved.
+template <int kRows, int kLazyLog2 = 0>
 struct OnlineSoftmax {
   float row_max[kRows];
   float row_sum[kRows];
@@ -69,22 +78,29 @@ struct OnlineSoftmax {
   template <typename S, typename O>
   __device__ __forceinline__ void update(S& s, O& o, float scale_log2) {
     static_assert(decltype(size<0>(s))::value == kRows);
+    float corr[kRows];
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
       float cur = row_max[mi];
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(s); ++ni) cur = fmaxf(cur, s(mi, ni));
       cur = quad_max(cur);
-      // A row with nothing visible yet keeps max -inf; use 0 so exp2(-inf - 0) = 0, not NaN.
-      const float m_use = cur == -INFINITY ? 0.f : cur;
-      const float ms = m_use * scale_log2;
-      {
-        const float corr = fast_exp2(row_max[mi] * scale_log2 - ms);
-        row_sum[mi] *= corr;
-        CUTE_UNROLL
-        for (int di = 0; di < size<1>(o); ++di) o(mi, di) *= corr;
+      float ms;
+      corr[mi] = 1.f;
+      // Lazy: keep the max (NaN-safe: -inf - -inf and NaN compare false and take the exact path).
+      if (kLazyLog2 > 0 && (cur - row_max[mi]) * scale_log2 <= float(kLazyLog2)) {
+        ms = row_max[mi] * scale_log2;  // finite here: cur > -inf would give an infinite gap
+      } else {
+        // A row with nothing visible yet keeps max -inf; use 0 so exp2(-inf - 0) = 0, not NaN.
+        ms = (cur == -INFINITY ? 0.f : cur) * scale_log2;
+        corr[mi] = fast_exp2(row_max[mi] * scale_log2 - ms);
+        row_max[mi] = cur;
       }
-      row_max[mi] = cur;
+      row_sum[mi] *= corr[mi];
+      if constexpr (kLazyLog2 == 0) {
+        CUTE_UNROLL
+        for (int di = 0; di < size<1>(o); ++di) o(mi, di) *= corr[mi];
+      }
       float sum = 0.f;
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(s); ++ni) {
@@ -93,6 +109,18 @@ struct OnlineSoftmax {
         sum += e;
       }
       row_sum[mi] += sum;
+    }
+    if constexpr (kLazyLog2 > 0) {  // one warp-uniform branch over all rows' multiplies
+      bool moved = false;
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) moved = moved || corr[mi] != 1.f;
+      if (__any_sync(0xffffffff, moved)) {
+        CUTE_UNROLL
+        for (int mi = 0; mi < kRows; ++mi) {
+          CUTE_UNROLL
+          for (int di = 0; di < size<1>(o); ++di) o(mi, di) *= corr[mi];
+        }
+      }
     }
   }
 

@@ -52,7 +52,12 @@ __forceinline__ __device__ void mask_tile(TS& s, TC const& c, SeqMask const& m, 
 // chain is latency-bound, ~4 cycles per column): +1-3% at H = 64 and 256, -2% at H = 128.
 // kPolyEvery > 0: on tiles without -inf scores, every kPolyEvery-th exp2 of a row runs as a
 // polynomial on the FMA pipe (exp2_fma) instead of the MUFU.
-template <int kRows, int kChains = 1, int kPolyEvery = 0>
+// kLazyLog2 > 0 (v64, FA4's conditional rescale): a row keeps its running max until the new max
+// exceeds it by more than kLazyLog2 in the exp2 domain, so most steps leave O alone (rescale 1).
+// P then reaches at most 2^kLazyLog2, which bf16 / fp16 and the float32 sums hold exactly as
+// well; the lse and the final 1 / sum use the same kept max, so the result is the same up to
+// rounding.
+template <int kRows, int kChains = 1, int kPolyEvery = 0, int kLazyLog2 = 0>
 struct OnlineSoftmax {
   float row_max[kRows];
   float row_sum[kRows];  // per-thread partial sums; reduced across the quad in finalize()
@@ -133,6 +138,13 @@ struct OnlineSoftmax {
   // rescale[r], the factor the running O and sum of the row must be multiplied by.
   template <bool Is_first, bool Check_inf>
   __forceinline__ __device__ float new_max(int r, float m, float (&rescale)[kRows]) {
+    if constexpr (kLazyLog2 > 0 && !Is_first) {
+      // NaN-safe: -inf - -inf and NaN inputs compare false and take the exact path below.
+      if ((m - row_max[r]) * scale_log2 <= float(kLazyLog2)) {
+        rescale[r] = 1.f;
+        return (Check_inf && row_max[r] == -INFINITY) ? 0.f : row_max[r] * scale_log2;
+      }
+    }
     // A fully masked row keeps max = -inf; use 0 as the offset so exp2 gives 0, not NaN.
     float const m_scaled = (Check_inf && m == -INFINITY) ? 0.f : m * scale_log2;
     rescale[r] = Is_first ? 1.f : ex2(row_max[r] * scale_log2 - m_scaled);
@@ -165,8 +177,16 @@ struct OnlineSoftmax {
   }
 };
 
-template <class TO, int kRows>
+// kSkipOnes (v64): the warp skips the multiplies when none of its rows changed its max (every
+// factor exactly 1), a warp-uniform branch.
+template <bool kSkipOnes = false, class TO, int kRows>
 __forceinline__ __device__ void rescale_rows(TO& o_rc, float const (&f)[kRows]) {
+  if constexpr (kSkipOnes) {
+    bool ones = true;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) ones = ones && f[r] == 1.f;
+    if (__all_sync(0xffffffff, ones)) return;
+  }
   CUTLASS_PRAGMA_UNROLL
   for (int r = 0; r < kRows; ++r) {
     CUTLASS_PRAGMA_UNROLL

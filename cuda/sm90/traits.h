@@ -24,6 +24,15 @@ struct DenseTmaStorage {
   alignas(16) typename Pipeline::SharedStorage pipe;
 };
 
+// v64 switches (experiment, NOTES.md): JF_FWD_RESCALE_SKIP=1 skips a warp's O rescale when no
+// row changed its max; JF_FWD_LAZY_MAX=k keeps a row's max until it grows by more than 2^k.
+#ifndef JF_FWD_RESCALE_SKIP
+#define JF_FWD_RESCALE_SKIP 0
+#endif
+#ifndef JF_FWD_LAZY_MAX
+#define JF_FWD_LAZY_MAX 0
+#endif
+
 // kDenseTma: a Dense kernel whose producer stages the bias / mask tiles in smem by TMA.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_, int kSoftmaxChains_ = 1,
           int kPolyEvery_ = 0, int kSchedArrive_ = 0, bool kDenseTma_ = false>
