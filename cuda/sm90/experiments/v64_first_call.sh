@@ -1,0 +1,34 @@
+#!/bin/bash
+# v64 (skip / lazy O rescale, NOTES.md) on the head dims and paths session 24 did not run.
+# Prepare here: mkdir -p scratch/bin && cp cuda/sm90/harness/bin/test_sm90_{main,lazy}{64,256}
+#   cuda/sm80/harness/bin/test_sm80_{base,lazy} scratch/bin/   (built in session 24; rebuild with
+#   HDIM=64|256 tools/build_harness_variants.sh fwd mainNN: lazyNN:"-DJF_FWD_RESCALE_SKIP=1 -DJF_FWD_LAZY_MAX=8"
+#   and tools/build_sm80_variants.sh "flash_fwd_hdim128_bf16_sm80.cu" base: lazy:"-DJF_SM80_LAZY_MAX=8")
+# then on the device: bash cuda/sm90/experiments/v64_first_call.sh   (~5 min; log in $OUT/v64.txt)
+cd "$(dirname "$0")/../../.."
+OUT=${OUT:-/tmp/jf_out}; mkdir -p "$OUT"; L=$OUT/v64.txt
+export PATH=/usr/local/cuda/bin:$PATH
+B=scratch/bin
+log() { echo "$*" | tee -a "$L"; }
+t0=$(date +%s)
+for h in 64 256; do
+  timeout 60 $B/test_sm90_lazy$h --no-bench --h=$h > /tmp/corr_$h.txt 2>&1
+  log "lazy$h correctness: $(grep -c ' ok ' /tmp/corr_$h.txt) ok, $(grep FAIL /tmp/corr_$h.txt | grep -vc 'not supported') real fails"
+  for t in racecheck memcheck; do
+    timeout 90 compute-sanitizer --tool $t $B/test_sm90_lazy$h --no-bench --h=$h > /tmp/san_$t$h.txt 2>&1
+    log "  $t: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san_$t$h.txt | tail -1)"
+  done
+done
+for h in 64 256; do
+  for cell in "--s=4096 --causal=0" "--s=1024 --causal=1" "--s=16384 --causal=0" "--s=4096 --causal=1"; do
+    for pass in 1 2; do for v in main lazy; do
+      log "$v$h $cell pass $pass: $(timeout 40 $B/test_sm90_$v$h --no-test --h=$h $cell 2>&1 | grep -E "^ *$h " | tail -1) ($(( $(date +%s) - t0 )) s)"
+    done; done
+  done
+done
+timeout 60 $B/test_sm80_lazy --small > /tmp/sm80_small.txt 2>&1; log "sm80 lazy --small rc $?: $(tail -1 /tmp/sm80_small.txt)"
+for pass in 1 2; do for v in base lazy; do
+  timeout 90 $B/test_sm80_$v --bench > /tmp/sm80_$v.txt 2>&1
+  log "sm80 $v pass $pass:"; grep '^bench' /tmp/sm80_$v.txt | tee -a "$L"
+done; done
+log "done ($(( $(date +%s) - t0 )) s)"
