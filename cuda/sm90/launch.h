@@ -45,6 +45,14 @@ struct TileConfig;
 // 396 / 453 / 459 -> 367 / 473 / 509 TFLOP/s (-7%, +4.4%, +11%); 160 keys lost everywhere (348 /
 // 435 / 443). Its segment-id kernels spilled 16-196 B, hence not with segment ids.
 // JF_FWD_LONGN64 / JF_FWD_LONGMINS64 override H=64's for experiments.
+// JF_FWD_POLY128 / JF_FWD_ARRIVE128 override H=128's PolyEvery / SchedArrive for experiments
+// (to retune them with v64's lazy rescale, which shortens the step's critical path).
+#ifndef JF_FWD_POLY128
+#define JF_FWD_POLY128 0
+#endif
+#ifndef JF_FWD_ARRIVE128
+#define JF_FWD_ARRIVE128 0
+#endif
 #ifndef JF_FWD_ARRIVE64
 #define JF_FWD_ARRIVE64 1
 #endif
@@ -55,7 +63,7 @@ struct TileConfig;
 #define JF_FWD_LONGMINS64 4096
 #endif
 template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalN = 128, ShortCausalMaxS = 4096, LongN = JF_FWD_LONGN64, LongMinS = JF_FWD_LONGMINS64; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
-template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 1, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, LongN = 0, LongMinS = 0; static constexpr int SchedArrive = 0; };
+template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 1, PolyEvery = JF_FWD_POLY128, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, LongN = 0, LongMinS = 0; static constexpr int SchedArrive = JF_FWD_ARRIVE128; };
 template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 32, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, LongN = 0, LongMinS = 0; static constexpr int SchedArrive = 0; };
 
 template <class Traits, bool Softcap, bool Segments, bool Dense = false, bool Dropout = false>
