@@ -15,7 +15,7 @@ Peak memory is XLA's compiled estimate (arguments + outputs + temporaries) of ea
 then its forward + backward, back to back for about SECONDS each, and nvidia-smi samples the SM
 clock and board power meanwhile (GPU only). Short rounds catch the GPU in boost after the
 host-side pauses between rounds; under sustained load an H200 runs attention at its 700 W cap
-(1550-1700 MHz instead of 1980), so the clock the board grants a kernel weighs as much as the
+(1450-1950 MHz instead of 1980), so the clock the board grants a kernel weighs as much as the
 kernel's cycles (cuda/sm90/NOTES.md, "Session 24"). Sustained figures also move far less
 between runs than the rounds' medians.
 """
@@ -155,8 +155,8 @@ def run_cell(impls, B, S, N, H, causal, dtype, rounds, calls, measure_memory, su
     """Times every implementation on one grid cell, interleaved: each is compiled and warmed up,
     then every round times each implementation's forward and forward + backward in turn.
     With sustained > 0, each implementation then runs its forward and forward + backward back to
-    back for about `sustained` seconds each (results gain "sustained": per-call seconds and the
-    wall-clock windows, which main() turns into TFLOP/s, clock and power).
+    back for about `sustained` seconds each (results gain fwd_sus_tflops / bwd_sus_tflops and
+    "_windows", the two runs' wall-clock spans, which main() turns into clock and power).
     Returns {name: result dict, or {"error": ...} for an implementation that failed}."""
     key = jax.random.key(0)
     kq, kk, kv, kd = jax.random.split(key, 4)
@@ -312,23 +312,29 @@ def _print_row(row, impls):
           + " | ".join(parts), file=sys.stderr, flush=True)
 
 
-def _print_table(rows, impls):
-    names = list(impls)
+def _print_ratio_table(title, rows, names, keys, cell):
+    """One markdown table: per row each implementation's figures for the (forward, backward) keys
+    as cell(result or None, key) formats them, then jax_flash / the best other for each key."""
     head = ["dtype", "H", "S", "causal"] + [f"{n} {d}" for n in names for d in ("fwd", "bwd")]
     head += ["fwd x best", "bwd x best"]
-    print("\nTFLOP/s (x best = jax_flash / best other implementation in this run)")
+    print(title)
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for row in rows:
         cells = [row["dtype"], str(row["H"]), str(row["S"]), "yes" if row["causal"] else "no"]
         for n in names:
             r = row["results"].get(n)
-            cells += [_fmt(r, "fwd_tflops"), _fmt(r, "bwd_tflops")]
+            cells += [cell(r, key) for key in keys]
         ours = next((r for n, r in row["results"].items() if n.startswith("jax_flash")), {})
-        for key in ("fwd_tflops", "bwd_tflops"):
+        for key in keys:
             best = _best_other(row, key)
             cells.append(f"{ours[key] / best:.2f}" if best and key in ours else "-")
         print("| " + " | ".join(cells) + " |")
+
+
+def _print_table(rows, impls):
+    _print_ratio_table("\nTFLOP/s (x best = jax_flash / best other implementation in this run)", rows, list(impls),
+                       ("fwd_tflops", "bwd_tflops"), _fmt)
     if any("fwd_peak_mb" in r for row in rows for r in row["results"].values()):
         print("\nTime (ms) and XLA-estimated peak memory (MiB)")
         print("| dtype | H | S | causal | impl | fwd ms | bwd ms | fwd peak MiB | fwd+bwd peak MiB |")
@@ -342,28 +348,17 @@ def _print_table(rows, impls):
 
 def _print_sustained(rows, impls, seconds):
     names = [n for n in impls if any("fwd_sus_tflops" in row["results"].get(n, {}) for row in rows)]
-    head = ["dtype", "H", "S", "causal"] + [f"{n} {d}" for n in names for d in ("fwd", "bwd")]
-    head += ["fwd x best", "bwd x best"]
-    print(f"\nSustained: about {seconds:g} s of back-to-back calls per implementation and pass; "
-          "TFLOP/s @ mean SM clock in MHz (forward; forward + backward for bwd)")
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
+    clock_of = {"fwd_sus_tflops": "fwd_mhz", "bwd_sus_tflops": "fwd_bwd_mhz"}
 
-    def fmt(r, key, mhz):
+    def cell(r, key):
         if r is None or key not in r:
             return "-"
-        return _num(r[key]) + (f" @{r[mhz]:.0f}" if r.get(mhz) is not None else "")
+        mhz = r.get(clock_of[key])
+        return _num(r[key]) + (f" @{mhz:.0f}" if mhz is not None else "")
 
-    for row in rows:
-        cells = [row["dtype"], str(row["H"]), str(row["S"]), "yes" if row["causal"] else "no"]
-        for n in names:
-            r = row["results"].get(n)
-            cells += [fmt(r, "fwd_sus_tflops", "fwd_mhz"), fmt(r, "bwd_sus_tflops", "fwd_bwd_mhz")]
-        ours = next((r for n, r in row["results"].items() if n.startswith("jax_flash")), {})
-        for key in ("fwd_sus_tflops", "bwd_sus_tflops"):
-            best = _best_other(row, key)
-            cells.append(f"{ours[key] / best:.2f}" if best and key in ours else "-")
-        print("| " + " | ".join(cells) + " |")
+    _print_ratio_table(f"\nSustained: about {seconds:g} s of back-to-back calls per implementation and pass; "
+                       "TFLOP/s @ mean SM clock in MHz (forward; forward + backward for bwd)",
+                       rows, names, ("fwd_sus_tflops", "bwd_sus_tflops"), cell)
 
 
 def _plot(rows, impls, path):

@@ -90,7 +90,10 @@ def _kernels(rows):
         if r[id_i] not in index:
             index[r[id_i]] = len(out)
             out.append((r[name_i], {}))
-        value = float(r[val_i].replace(",", "")) if r[val_i].replace(",", "").replace(".", "", 1).isdigit() else float("nan")
+        try:
+            value = float(r[val_i].replace(",", ""))
+        except ValueError:  # "n/a" and the like
+            value = float("nan")
         if r[metric_i] == "gpu__time_duration.sum":
             value *= _TIME_SCALE_US[r[unit_i]]
         out[index[r[id_i]]][1][r[metric_i]] = value
