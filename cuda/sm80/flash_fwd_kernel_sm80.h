@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_fwd_kernel(const FlashFwd
   clear(acc_o);
   Tensor acc_o_rc = make_tensor(acc_o.data(), rowcol_layout(acc_o.layout()));
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
-  OnlineSoftmax<kRows, JF_SM80_LAZY_MAX> softmax;
+  OnlineSoftmax<kRows> softmax;
   softmax.init();
 
   // softcap: s = tanh(qk * scale / cap), logit = cap * s. Otherwise s = qk, logit = scale * s.

@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) flash_fw
       if (JF_FWD_TL_START == 1) ttl.mark(kTileStart);
       typename T::TiledMmaPV mma_pv;
       Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename T::TileShapePV{}));
-      OnlineSoftmax<2, T::kSoftmaxChains, T::kPolyEvery, JF_FWD_LAZY_MAX> softmax;
+      OnlineSoftmax<2, T::kSoftmaxChains, T::kPolyEvery, T::kLazyMax> softmax;
       softmax.scale_log2 = Softcap ? p.softcap * log2e : p.scale * log2e;
       float inv[2], lse[2];
       if (n_max > n_min) {

@@ -45,6 +45,12 @@ struct TileConfig;
 // 396 / 453 / 459 -> 367 / 473 / 509 TFLOP/s (-7%, +4.4%, +11%); 160 keys lost everywhere (348 /
 // 435 / 443). Its segment-id kernels spilled 16-196 B, hence not with segment ids.
 // JF_FWD_LONGN64 / JF_FWD_LONGMINS64 override H=64's for experiments.
+// LazyMax (FwdTraits::kLazyMax, v64): FA4's lazy row max (threshold 2^8) with the O rescale
+// skipped when no row's max moved. Harness bf16, same run, two passes: H=128 4k non-causal +6%,
+// 1k causal +4.6%, 16k non-causal +7-10%; H=256 4k / 16k non-causal +7.5% / +9%, 1k / 4k causal
+// +4% / +6%; H=64 -4% / -5% at 4k / 16k non-causal, -1% causal (its O rows are short and its step
+// is softmax-bound: the vote and the compare cost more than the multiplies), so H=64 keeps the
+// exact rescale. JF_FWD_LAZY64 overrides H=64's for experiments.
 // JF_FWD_POLY128 / JF_FWD_ARRIVE128 override H=128's PolyEvery / SchedArrive for experiments
 // (to retune them with v64's lazy rescale, which shortens the step's critical path).
 #ifndef JF_FWD_POLY128
@@ -52,6 +58,9 @@ struct TileConfig;
 #endif
 #ifndef JF_FWD_ARRIVE128
 #define JF_FWD_ARRIVE128 0
+#endif
+#ifndef JF_FWD_LAZY64
+#define JF_FWD_LAZY64 0
 #endif
 #ifndef JF_FWD_ARRIVE64
 #define JF_FWD_ARRIVE64 1
@@ -62,9 +71,9 @@ struct TileConfig;
 #ifndef JF_FWD_LONGMINS64
 #define JF_FWD_LONGMINS64 4096
 #endif
-template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalN = 128, ShortCausalMaxS = 4096, LongN = JF_FWD_LONGN64, LongMinS = JF_FWD_LONGMINS64; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
-template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 1, PolyEvery = JF_FWD_POLY128, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, LongN = 0, LongMinS = 0; static constexpr int SchedArrive = JF_FWD_ARRIVE128; };
-template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 32, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, LongN = 0, LongMinS = 0; static constexpr int SchedArrive = 0; };
+template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalN = 128, ShortCausalMaxS = 4096, LongN = JF_FWD_LONGN64, LongMinS = JF_FWD_LONGMINS64, LazyMax = JF_FWD_LAZY64; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
+template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 1, PolyEvery = JF_FWD_POLY128, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, LongN = 0, LongMinS = 0, LazyMax = 8; static constexpr int SchedArrive = JF_FWD_ARRIVE128; };
+template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 32, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, LongN = 0, LongMinS = 0, LazyMax = 8; static constexpr int SchedArrive = 0; };
 
 template <class Traits, bool Softcap, bool Segments, bool Dense = false, bool Dropout = false>
 cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
@@ -136,7 +145,7 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
 template <int kHeadDim, int kBlockM, int kBlockN, int kStages, class Element>
 cudaError_t run_fwd_tiles(const FlashFwdParams& p, cudaStream_t stream) {
   using C = TileConfig<kHeadDim>;
-  using T = FwdTraits<kHeadDim, kBlockM, kBlockN, kStages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive>;
+  using T = FwdTraits<kHeadDim, kBlockM, kBlockN, kStages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive, C::LazyMax>;
   if (p.q_segment_ids) {
     if (p.softcap > 0.f) return launch_fwd<T, true, true>(p, stream);
     return launch_fwd<T, false, true>(p, stream);
@@ -152,7 +161,7 @@ cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
     // Dropout: the default tiles, without the other optional inputs (hopper_fwd_takes_extras
     // sends those mixes to the portable forward).
     if (p.bias || p.mask || p.q_segment_ids) return cudaErrorNotSupported;
-    using T = FwdTraits<kHeadDim, C::M, C::N, C::Stages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive>;
+    using T = FwdTraits<kHeadDim, C::M, C::N, C::Stages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive, C::LazyMax>;
     if (p.softcap > 0.f) return launch_fwd<T, true, false, false, true>(p, stream);
     return launch_fwd<T, false, false, false, true>(p, stream);
   }
@@ -163,7 +172,7 @@ cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
     if constexpr (kHeadDim <= 128) {
       if (dense_tiles_by_tma(p)) {
         using T = FwdTraits<kHeadDim, C::M, kDenseTmaKeys, C::Stages, Element, C::SoftmaxChains, C::PolyEvery,
-                            C::SchedArrive, true>;
+                            C::SchedArrive, C::LazyMax, true>;
         if (p.softcap > 0.f) return launch_fwd<T, true, false, true>(p, stream);
         return launch_fwd<T, false, false, true>(p, stream);
       }
@@ -171,7 +180,7 @@ cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
     // Otherwise the Dense kernels load a key block's words a block ahead (dense.h), which fits
     // the consumers' registers with 64-key blocks at H >= 128.
     using T = FwdTraits<kHeadDim, C::M, kHeadDim >= 128 ? 64 : C::N, C::Stages, Element, C::SoftmaxChains, C::PolyEvery,
-                        C::SchedArrive>;
+                        C::SchedArrive, C::LazyMax>;
     if (p.softcap > 0.f) return launch_fwd<T, true, false, true>(p, stream);
     return launch_fwd<T, false, false, true>(p, stream);
   }
@@ -181,7 +190,7 @@ cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
   }
   if constexpr (C::LongN > 0) {
     if (p.window_right < 0 && p.seqlen_k >= C::LongMinS && !p.q_segment_ids) {
-      using T = FwdTraits<kHeadDim, C::M, C::LongN, C::Stages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive>;
+      using T = FwdTraits<kHeadDim, C::M, C::LongN, C::Stages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive, C::LazyMax>;
       if (p.softcap > 0.f) return launch_fwd<T, true, false>(p, stream);
       return launch_fwd<T, false, false>(p, stream);
     }

@@ -262,7 +262,7 @@ __forceinline__ __device__ void consumer_mma(KernelParams<Traits> const& kp, typ
     warpgroup_wait<0>();
     pipe_v.consumer_release(rd_v);
     convert_out(tSrS, tOrP);
-    rescale_rows<JF_FWD_RESCALE_SKIP != 0>(o_rc, rescale);
+    rescale_rows<(T::kLazyMax > 0)>(o_rc, rescale);
     tl.mark(StepTimeline::kEnd);
     tl.end_step();
   }

@@ -24,18 +24,9 @@ struct DenseTmaStorage {
   alignas(16) typename Pipeline::SharedStorage pipe;
 };
 
-// v64 switches (experiment, NOTES.md): JF_FWD_RESCALE_SKIP=1 skips a warp's O rescale when no
-// row changed its max; JF_FWD_LAZY_MAX=k keeps a row's max until it grows by more than 2^k.
-#ifndef JF_FWD_RESCALE_SKIP
-#define JF_FWD_RESCALE_SKIP 0
-#endif
-#ifndef JF_FWD_LAZY_MAX
-#define JF_FWD_LAZY_MAX 0
-#endif
-
 // kDenseTma: a Dense kernel whose producer stages the bias / mask tiles in smem by TMA.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_, int kSoftmaxChains_ = 1,
-          int kPolyEvery_ = 0, int kSchedArrive_ = 0, bool kDenseTma_ = false>
+          int kPolyEvery_ = 0, int kSchedArrive_ = 0, int kLazyMax_ = 0, bool kDenseTma_ = false>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kSoftmaxChains = kSoftmaxChains_;  // OnlineSoftmax's kChains
@@ -44,6 +35,10 @@ struct FwdTraits {
   // GEMMs (the WGs' softmaxes overlap, offset by the tensor pipe's order), 1 after its row max,
   // 2 after half of its exp2s, 3 after its softmax (the softmaxes strictly alternate).
   static constexpr int kSchedArrive = kSchedArrive_;
+  // v64: 0 rescales O and the row sums whenever a row's max grows (exact); k > 0 keeps a row's
+  // max until it grows by more than 2^k (FA4's rule: P stays <= 2^k, well inside bf16 / fp16 and
+  // float32) and skips a warp's O rescale when every factor is 1 (OnlineSoftmax, rescale_rows).
+  static constexpr int kLazyMax = kLazyMax_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
