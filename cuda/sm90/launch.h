@@ -75,6 +75,13 @@ template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stage
 template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 1, PolyEvery = JF_FWD_POLY128, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, LongN = 0, LongMinS = 0, LazyMax = 8; static constexpr int SchedArrive = JF_FWD_ARRIVE128; };
 template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 32, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, LongN = 0, LongMinS = 0, LazyMax = 8; static constexpr int SchedArrive = 0; };
 
+// The traits of head dim kHeadDim's kernel on kBlockM x kBlockN tiles: every other setting from
+// its TileConfig, so a new setting is passed through in one place.
+template <int kHeadDim, int kBlockM, int kBlockN, class Element, bool kDenseTma = false>
+using ConfigTraits =
+    FwdTraits<kHeadDim, kBlockM, kBlockN, TileConfig<kHeadDim>::Stages, Element, TileConfig<kHeadDim>::SoftmaxChains,
+              TileConfig<kHeadDim>::PolyEvery, TileConfig<kHeadDim>::SchedArrive, TileConfig<kHeadDim>::LazyMax, kDenseTma>;
+
 template <class Traits, bool Softcap, bool Segments, bool Dense = false, bool Dropout = false>
 cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   using T = Traits;
@@ -142,10 +149,9 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int kHeadDim, int kBlockM, int kBlockN, int kStages, class Element>
+template <int kHeadDim, int kBlockM, int kBlockN, class Element>
 cudaError_t run_fwd_tiles(const FlashFwdParams& p, cudaStream_t stream) {
-  using C = TileConfig<kHeadDim>;
-  using T = FwdTraits<kHeadDim, kBlockM, kBlockN, kStages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive, C::LazyMax>;
+  using T = ConfigTraits<kHeadDim, kBlockM, kBlockN, Element>;
   if (p.q_segment_ids) {
     if (p.softcap > 0.f) return launch_fwd<T, true, true>(p, stream);
     return launch_fwd<T, false, true>(p, stream);
@@ -161,7 +167,7 @@ cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
     // Dropout: the default tiles, without the other optional inputs (hopper_fwd_takes_extras
     // sends those mixes to the portable forward).
     if (p.bias || p.mask || p.q_segment_ids) return cudaErrorNotSupported;
-    using T = FwdTraits<kHeadDim, C::M, C::N, C::Stages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive, C::LazyMax>;
+    using T = ConfigTraits<kHeadDim, C::M, C::N, Element>;
     if (p.softcap > 0.f) return launch_fwd<T, true, false, false, true>(p, stream);
     return launch_fwd<T, false, false, false, true>(p, stream);
   }
@@ -171,31 +177,29 @@ cudaError_t run_fwd_hdim(const FlashFwdParams& p, cudaStream_t stream) {
     // H <= 128: at H = 256 the tiles do not fit beside Q, K / V and O).
     if constexpr (kHeadDim <= 128) {
       if (dense_tiles_by_tma(p)) {
-        using T = FwdTraits<kHeadDim, C::M, kDenseTmaKeys, C::Stages, Element, C::SoftmaxChains, C::PolyEvery,
-                            C::SchedArrive, C::LazyMax, true>;
+        using T = ConfigTraits<kHeadDim, C::M, kDenseTmaKeys, Element, true>;
         if (p.softcap > 0.f) return launch_fwd<T, true, false, true>(p, stream);
         return launch_fwd<T, false, false, true>(p, stream);
       }
     }
     // Otherwise the Dense kernels load a key block's words a block ahead (dense.h), which fits
     // the consumers' registers with 64-key blocks at H >= 128.
-    using T = FwdTraits<kHeadDim, C::M, kHeadDim >= 128 ? 64 : C::N, C::Stages, Element, C::SoftmaxChains, C::PolyEvery,
-                        C::SchedArrive, C::LazyMax>;
+    using T = ConfigTraits<kHeadDim, C::M, kHeadDim >= 128 ? 64 : C::N, Element>;
     if (p.softcap > 0.f) return launch_fwd<T, true, false, true>(p, stream);
     return launch_fwd<T, false, false, true>(p, stream);
   }
   if constexpr (C::ShortCausalM > 0) {
     if (p.window_right >= 0 && p.seqlen_k <= C::ShortCausalMaxS)
-      return run_fwd_tiles<kHeadDim, C::ShortCausalM, C::ShortCausalN, C::Stages, Element>(p, stream);
+      return run_fwd_tiles<kHeadDim, C::ShortCausalM, C::ShortCausalN, Element>(p, stream);
   }
   if constexpr (C::LongN > 0) {
     if (p.window_right < 0 && p.seqlen_k >= C::LongMinS && !p.q_segment_ids) {
-      using T = FwdTraits<kHeadDim, C::M, C::LongN, C::Stages, Element, C::SoftmaxChains, C::PolyEvery, C::SchedArrive, C::LazyMax>;
+      using T = ConfigTraits<kHeadDim, C::M, C::LongN, Element>;
       if (p.softcap > 0.f) return launch_fwd<T, true, false>(p, stream);
       return launch_fwd<T, false, false>(p, stream);
     }
   }
-  return run_fwd_tiles<kHeadDim, C::M, C::N, C::Stages, Element>(p, stream);
+  return run_fwd_tiles<kHeadDim, C::M, C::N, Element>(p, stream);
 }
 
 }  // namespace jax_flash::sm90
