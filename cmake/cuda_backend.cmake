@@ -29,8 +29,6 @@ include(${CMAKE_SOURCE_DIR}/cuda/sm80/sources.cmake)
 set(JF_SM90_SOURCES "")
 if(JAX_FLASH_HOPPER AND EXISTS ${CMAKE_SOURCE_DIR}/cuda/sm90/sources.cmake)
   include(${CMAKE_SOURCE_DIR}/cuda/sm90/sources.cmake)
-  # The Hopper backward is built (and compile-checked in CI) but not dispatched yet: it is
-  # correct on the H200 but no faster than the portable backward (cuda/sm90/NOTES.md).
   include(${CMAKE_SOURCE_DIR}/cuda/sm90/sources_bwd.cmake)
   list(APPEND JF_SM90_SOURCES ${JF_SM90_BWD_SOURCES})
 endif()

@@ -15,23 +15,28 @@ from ncu_source_summary import load_rows, number, opcode
 
 
 def opcode_counts(path):
+    """Executed warp instructions and warp-stall samples per opcode."""
     rows = load_rows(path)
     col = next(c for c in rows[0] if c.strip() == "Instructions Executed")
-    counts = collections.Counter()
+    samp = next((c for c in rows[0] if "Warp Stall Sampling (All" in c), None)
+    counts, samples = collections.Counter(), collections.Counter()
     for r in rows:
         if r.get("Source", "").strip():
             counts[opcode(r)] += number(r[col])
-    return counts
+            if samp:
+                samples[opcode(r)] += number(r[samp])
+    return counts, samples
 
 
 def main(a_path, b_path, top=25):
-    a, b = opcode_counts(a_path), opcode_counts(b_path)
+    (a, sa), (b, sb) = opcode_counts(a_path), opcode_counts(b_path)
     ta, tb = sum(a.values()), sum(b.values())
     print(f"total executed (warp instructions): A {ta / 1e6:.2f}M  B {tb / 1e6:.2f}M  A/B {ta / max(tb, 1):.3f}")
-    print(f"{'opcode':>10} {'A (M)':>8} {'B (M)':>8} {'A-B (M)':>8}")
+    print(f"stall samples: A {sum(sa.values()):.0f}  B {sum(sb.values()):.0f}")
+    print(f"{'opcode':>10} {'A (M)':>8} {'B (M)':>8} {'A-B (M)':>8} {'samples A':>10} {'samples B':>10}")
     ops = sorted(set(a) | set(b), key=lambda k: -abs(a[k] - b[k]))
     for k in ops[:top]:
-        print(f"{k:>10} {a[k] / 1e6:8.3f} {b[k] / 1e6:8.3f} {(a[k] - b[k]) / 1e6:+8.3f}")
+        print(f"{k:>10} {a[k] / 1e6:8.3f} {b[k] / 1e6:8.3f} {(a[k] - b[k]) / 1e6:+8.3f} {sa[k]:10.0f} {sb[k]:10.0f}")
 
 
 if __name__ == "__main__":

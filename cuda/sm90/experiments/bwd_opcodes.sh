@@ -1,5 +1,5 @@
 #!/bin/bash
-# Prepared in session 25, NOT RUN YET (no device time left): where our H=128 backward executes
+# Prepared in session 25, run in session 26: where our H=128 backward executes
 # 24-26% more instructions per FLOP than FA3's (NOTES.md, "Session 25: ours against FA3 per
 # GFLOP"). Per SASS opcode, ours against FA3, on one backward call through JAX at bf16 H=128,
 # B*S = 16k, N = 16: 4k causal (FA3 also runs 64-row tiles there) and 4k non-causal (FA3: 80 rows).
@@ -38,4 +38,9 @@ for cell in "4096 1" "4096 0"; do
   done
   { echo "## S=$1 causal=$2: A = ours, B = FA3"; python3 "$repo/tools/ncu_opcode_diff.py" /tmp/src_jax_flash_$1_$2.csv /tmp/src_fa3_jax_$1_$2.csv 30; } \
     | tee -a "$OUT/bwd_opcodes.md"
+  for impl in jax_flash fa3_jax; do
+    { echo "### $impl S=$1 causal=$2 stall samples"; python3 "$repo/tools/ncu_source_summary.py" /tmp/src_${impl}_$1_$2.csv 25; } >> "$OUT/bwd_opcodes.md"
+  done
 done
+# The raw dumps, for reading offline (tools/ncu_source_summary.py, ncu_opcode_diff.py).
+tar cJf "$OUT/bwd_src_csv.tar.xz" -C /tmp $(cd /tmp && ls src_*.csv)
