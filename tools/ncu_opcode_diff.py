@@ -22,9 +22,10 @@ def opcode_counts(path):
     counts, samples = collections.Counter(), collections.Counter()
     for r in rows:
         if r.get("Source", "").strip():
-            counts[opcode(r)] += number(r[col])
+            op = opcode(r)
+            counts[op] += number(r[col])
             if samp:
-                samples[opcode(r)] += number(r[samp])
+                samples[op] += number(r[samp])
     return counts, samples
 
 
