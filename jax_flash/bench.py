@@ -9,6 +9,9 @@ wall clock around block_until_ready; backward time = time(fwd + bwd) - time(fwd)
 the implementations take turns round by round (all compiled and warmed up first), so clock or
 thermal drift during the cell falls on all of them alike instead of on whichever ran last.
 TFLOP/s counts 4*B*N*T*S*H for the forward (halved when causal), 2.5x that for the backward.
+The fwd+bwd column (3.5x over time(fwd + bwd)) is the training step's figure without the
+subtraction: a forward that times slower in one pass than in the other moves the backward figure
+by the difference, not the total (cuda/sm90/NOTES.md, session 27).
 Peak memory is XLA's compiled estimate (arguments + outputs + temporaries) of each call.
 
 `--sustained SECONDS` adds a second view: after the rounds, each implementation runs its forward,
@@ -190,6 +193,7 @@ def run_cell(impls, B, S, N, H, causal, dtype, rounds, calls, measure_memory, su
             "bwd_ms": (t_fb - t_f) * 1e3,
             "fwd_tflops": flops / t_f / 1e12,
             "bwd_tflops": 2.5 * flops / max(t_fb - t_f, 1e-9) / 1e12,
+            "fwdbwd_tflops": 3.5 * flops / t_fb / 1e12,
         }
         if sustained > 0:
             (f_s, f_win), (fb_s, fb_win) = (_time_sustained(fn, args, sustained, t)
@@ -312,11 +316,11 @@ def _print_row(row, impls):
           + " | ".join(parts), file=sys.stderr, flush=True)
 
 
-def _print_ratio_table(title, rows, names, keys, cell):
-    """One markdown table: per row each implementation's figures for the (forward, backward) keys
+def _print_ratio_table(title, rows, names, keys, cell, labels=("fwd", "bwd")):
+    """One markdown table: per row each implementation's figures for the keys (labelled by labels)
     as cell(result or None, key) formats them, then jax_flash / the best other for each key."""
-    head = ["dtype", "H", "S", "causal"] + [f"{n} {d}" for n in names for d in ("fwd", "bwd")]
-    head += ["fwd x best", "bwd x best"]
+    head = ["dtype", "H", "S", "causal"] + [f"{n} {d}" for n in names for d in labels]
+    head += [f"{d} x best" for d in labels]
     print(title)
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -334,7 +338,7 @@ def _print_ratio_table(title, rows, names, keys, cell):
 
 def _print_table(rows, impls):
     _print_ratio_table("\nTFLOP/s (x best = jax_flash / best other implementation in this run)", rows, list(impls),
-                       ("fwd_tflops", "bwd_tflops"), _fmt)
+                       ("fwd_tflops", "bwd_tflops", "fwdbwd_tflops"), _fmt, labels=("fwd", "bwd", "fwd+bwd"))
     if any("fwd_peak_mb" in r for row in rows for r in row["results"].values()):
         print("\nTime (ms) and XLA-estimated peak memory (MiB)")
         print("| dtype | H | S | causal | impl | fwd ms | bwd ms | fwd peak MiB | fwd+bwd peak MiB |")

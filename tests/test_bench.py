@@ -16,8 +16,13 @@ def test_tiny_grid_runs(tmp_path, capsys):
                        "--rounds", "1", "--batch", "1", "--heads", "2", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [(r["H"], r["S"]) for r in rows] == [(16, 32)]
-    assert rows[0]["results"]["jax_flash"]["fwd_ms"] > 0
-    assert "| float32 | 16 | 32 | no |" in capsys.readouterr().out
+    r = rows[0]["results"]["jax_flash"]
+    assert r["fwd_ms"] > 0
+    # fwd+bwd counts 3.5x the forward's FLOPs over the whole training step's time
+    flops = 4 * 1 * 2 * 32 * 32 * 16
+    assert r["fwdbwd_tflops"] == pytest.approx(3.5 * flops / ((r["fwd_ms"] + r["bwd_ms"]) * 1e-3) / 1e12)
+    text = capsys.readouterr().out
+    assert "| float32 | 16 | 32 | no |" in text and "| fwd+bwd x best |" in text
 
 
 @pytest.mark.parametrize("args", [

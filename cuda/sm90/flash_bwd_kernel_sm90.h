@@ -22,9 +22,12 @@
 //   head-dim split (head_dim 256, 64 keys per CTA): 64 keys x 256 of dK + dV would need 256
 //       accumulator registers per thread in one WG, so both WGs share the 64 keys. S^T / dP^T
 //       are split by query rows (64 keys x kBlockM/2 each), P^T and dS^T meet in smem (double
-//       buffer), and dV, dK, dQ are split by head_dim (wgmma SS). Launches without a causal /
-//       window bound take kSdPByRole instead: WG 0 computes S^T and WG 1 dP^T for all kBlockM
-//       rows (fewer smem bytes per step), P^T crossing to WG 1 through smem (NOTES.md v57b). To fit smem, dO has one
+//       buffer), and dV, dK, dQ are split by head_dim (wgmma SS): the kernels with softcap,
+//       dropout, bias / mask, segment ids or the deterministic mode. Plain launches take kSdPByRole
+//       instead: WG 0 computes S^T and WG 1 dP^T for all kBlockM
+//       rows (fewer smem bytes per step), P^T crossing to WG 1 through smem (NOTES.md v57b); then
+//       WG 0 accumulates all of dV from its P^T registers and WG 1 all of dK from its dS^T
+//       registers (kdKVByRole, v69), only dQ split by head_dim. To fit smem, dO has one
 //       stage (released as soon as dV has read it) and dQ is staged half a WG tile at a time
 //       (two bulk reduce-adds per WG per step). Vector atomics from registers instead were
 //       1.3x slower: the register operands of the REDs stay held until the LSU drains them.
@@ -52,6 +55,12 @@
 
 #ifndef JF_BWD_ASYNC_DS
 #define JF_BWD_ASYNC_DS 1
+#endif
+// 1: the S^T / dP^T-by-role instantiation (H=256) splits dV / dK by role as well: WG 0 accumulates
+// all of dV from its P^T registers, WG 1 all of dK from its dS^T registers (m64n256k16 RS wgmmas),
+// instead of both WGs reading P^T and dS^T back from smem for a head_dim half each (v69).
+#ifndef JF_BWD_DKV_BY_ROLE
+#define JF_BWD_DKV_BY_ROLE 1
 #endif
 
 namespace jax_flash::sm90 {
@@ -85,9 +94,11 @@ struct BwdTraits {
   // one kDenseStageBytes stage per WG (room for a float32 bias; NOTES.md v53).
   static constexpr bool kDenseTma = kDenseTma_;
   // Head-dim split only: S^T on WG 0 and dP^T on WG 1 for all kBlockM rows, instead of both
-  // split by rows (NOTES.md v57). Its own instantiation, for launches whose steps are mostly
-  // unmasked: on masked steps WG 0 masks all rows while WG 1 waits (-4% at 1k causal).
+  // split by rows (NOTES.md v57). Its own instantiation (the two step bodies do not fit one
+  // kernel's registers), for the plain launches, causal ones included since v69 made it cheaper.
   static constexpr bool kSdPByRole = kSdPByRole_;
+  // kSdPByRole with dV on WG 0 and dK on WG 1, each over all of head_dim, A from registers (v69).
+  static constexpr bool kdKVByRole = kSdPByRole && JF_BWD_DKV_BY_ROLE;
   static_assert(!kDenseTma || kBlockN == 128, "TMA tiles in the key split");
   static constexpr int kDenseStageBytes = kDenseTma ? kBlockM * 64 * 4 : 0;
   // Key split with 3+ Q / dO stages (or the dense tiles): smem has no room for the dK / dV
@@ -124,7 +135,12 @@ struct BwdTraits {
   // smem per 32 cycles; the row split's m64n32k16 read 3 KB per 16).
   using TiledMmaSdPRole = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>()));
-  using TiledMmadKV = decltype(make_tiled_mma(MmaAtomdKV{}, AtomLayoutdKV{}));
+  // kdKVByRole: one WG's 64 keys x head_dim (the WGs run the same GEMM on different operands).
+  using TiledMmadKV = std::conditional_t<
+      kdKVByRole,
+      decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>,
+                                                   GMMA::Major::K, GMMA::Major::MN>())),
+      decltype(make_tiled_mma(MmaAtomdKV{}, AtomLayoutdKV{}))>;
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, TileShapedQAtom, GMMA::Major::MN, GMMA::Major::MN>(),
       Layout<Shape<_1, _2, _1>>{}));
@@ -610,6 +626,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   typename T::TiledMmaSdP mma_sdp;
   typename T::TiledMmadKV mma_dkv;
   typename T::TiledMmadQ mma_dq;
+  // kdKVByRole: tdVrdV is this WG's role accumulator (dV on WG 0, dK on WG 1, 64 x head_dim) and
+  // tdKrdK is never used (no registers).
   Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
   Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
@@ -625,7 +643,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   Tensor tSrQ = wg_sdp.partition_fragment_B(sQ);     // (MMA, MMA_N, MMA_K, stage)
   Tensor tdPrV = wg_sdp.partition_fragment_A(sV);
   Tensor tdPrdO = wg_sdp.partition_fragment_B(sdO);
-  auto wg_dkv = mma_dkv.get_slice(wg * 128);
+  auto wg_dkv = mma_dkv.get_slice(T::kdKVByRole ? 0 : wg * 128);  // (by role: a one-WG tiled MMA)
   Tensor tdVrdO = wg_dkv.partition_fragment_B(sdOt);  // (MMA, MMA_N, MMA_K, stage)
   Tensor tdKrQ = wg_dkv.partition_fragment_B(sQt);
   auto wg_dq = mma_dq.get_slice(wg * 128);
@@ -723,7 +741,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       kv_seg = p.kv_segment_ids + b * p.kv_seg_batch_stride;
     }
     clear(tdVrdV);
-    clear(tdKrdK);
+    if constexpr (!T::kdKVByRole) clear(tdKrdK);
     if (n_iters > 0) {
       ss.barrier_kv.wait(loaded & 1);
       if constexpr (T::kdKVInDQStage) {  // the previous epilogue's dK / dV stores have read the dQ staging buffer
@@ -741,13 +759,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdS{});
         Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
         wg_gemm<true, -1>(mma_dq, wg_dq.partition_fragment_A(sdS), tdQrK, tdQrdQ);
-        warpgroup_wait<2>();  // dV, the last reader of this dO stage, is done
-        pipe_do.consumer_release(rd_do);
-        ++rd_do;
-        warpgroup_wait<0>();
-        tl.mark(kBwdDQDone);
-        pipe_q.consumer_release(rd);
-        ++rd;
+        if constexpr (T::kdKVByRole) {
+          warpgroup_wait<1>();  // this WG's dV (dO's last reader) or dK (Q's) is done
+          pipe_do.consumer_release(rd_do);
+          ++rd_do;
+          pipe_q.consumer_release(rd);
+          ++rd;
+          warpgroup_wait<0>();
+          tl.mark(kBwdDQDone);
+        } else {
+          warpgroup_wait<2>();  // dV, the last reader of this dO stage, is done
+          pipe_do.consumer_release(rd_do);
+          ++rd_do;
+          warpgroup_wait<0>();
+          tl.mark(kBwdDQDone);
+          pipe_q.consumer_release(rd);
+          ++rd;
+        }
         int const row0 = m * kBlockM;
         float* acc = dq_block_ptr(kp, b, hq, row0, wg);
         int* sem = dq_counter_ptr(kp, b, hq, row0);
@@ -784,9 +812,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         }
       };
       // One head-dim split step with S^T / dP^T by role: WG 0 computes S^T and P^T for all kBlockM
-      // rows, WG 1 dP^T; P^T (16-bit) goes to smem for dV and for WG 1, which forms dS^T from it.
-      // Then dV, dK, dQ split by head_dim as in the row split. Two CTA-wide syncs per step (P
-      // stored; dS stored). Branches on wg hold no wgmma in flight (each arm waits for its own).
+      // rows, WG 1 dP^T; P^T (16-bit) goes to smem for WG 1, which forms dS^T from it. Then
+      // kdKVByRole: dV on WG 0 and dK on WG 1 from registers, else both split by head_dim from
+      // smem; dQ split by head_dim. Two CTA-wide syncs per step (P stored; dS stored). Branches on wg hold no wgmma in flight (each arm waits for its own).
       // (A generic lambda: its body is instantiated only where kSdPByRole calls it.)
       auto step_by_role = [&](auto hq, int m, int it) {
         int const row0 = m * kBlockM;
@@ -815,6 +843,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         tl.mark(kBwdIssued);
         auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_role);
         auto r2s_thr = r2s.get_thread_slice(tidx % 128);
+        Tensor x16 = make_tensor<Element>(acc.layout());  // P^T (WG 0) or dS^T (WG 1), 16-bit
         if (wg == 0) {
           // P^T = exp2(S^T * scale_log2 - lse2), element-wise mask only on boundary steps.
           float const* s_lse = ss.lse[rd.index()];
@@ -835,9 +864,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
             }
           };
           if (full_lo <= row0 && row0 + kBlockM <= full_hi) p_tile(cute::false_type{}); else p_tile(cute::true_type{});
-          Tensor p16 = make_tensor<Element>(acc.layout());
-          convert_out(acc, p16);
-          cute::copy(r2s, r2s_thr.retile_S(p16), r2s_thr.partition_D(sPt));
+          convert_out(acc, x16);
+          cute::copy(r2s, r2s_thr.retile_S(x16), r2s_thr.partition_D(sPt));
         }
         if constexpr (kDeferLastPiece) {
           if (it > 0) flush_held();  // the previous step's last dQ piece (no wgmma in flight here)
@@ -862,17 +890,28 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
             CUTLASS_PRAGMA_UNROLL
             for (int i = 0; i < kRK; ++i) acc_rc(i, j) = float(p_rc(i, j)) * (acc_rc(i, j) - d);
           }
-          Tensor ds16 = make_tensor<Element>(acc.layout());
-          convert_out(acc, ds16);
-          cute::copy(r2s, r2s_thr.retile_S(ds16), r2s_thr.partition_D(sdSt));
+          convert_out(acc, x16);
+          cute::copy(r2s, r2s_thr.retile_S(x16), r2s_thr.partition_D(sdSt));
           fence_async_smem();
         } else {
           bwd_consumer_wait(pipe_do, rd_do);  // (dV's B operand; WG 1 waited for it before dP^T)
         }
-        wg_gemm<false, -1>(mma_dkv, wg_dkv.partition_fragment_A(sPt), tdVrdO(_, _, _, rd_do.index()), tdVrdV);
-        named_sync(T::kMmaThreads, kBwdBarDS);  // dS^T stored
-        tl.mark(kBwdShared);
-        wg_gemm<false, -1>(mma_dkv, wg_dkv.partition_fragment_A(sdSt), tdKrQ(_, _, _, rd.index()), tdKrdK);
+        if constexpr (T::kdKVByRole) {
+          // WG 0: dV += P^T dO, WG 1: dK += dS^T Q, A from registers. One call on operands chosen
+          // by wg (the same layouts), not two branches: a branch left with a wgmma in flight
+          // would serialize the kernel's wgmmas (C7518). WG 0's dV runs while WG 1 forms dS^T.
+          Tensor tXrB = tdVrdO(_, _, _, rd_do.index());
+          Tensor tKrB = tdKrQ(_, _, _, rd.index());
+          Tensor tRoleB = make_tensor(wg == 0 ? tXrB.data() : tKrB.data(), tXrB.layout());
+          wg_gemm<false, -1>(mma_dkv, make_tensor(x16.data(), acc_to_Aregs(x16.layout())), tRoleB, tdVrdV);
+          named_sync(T::kMmaThreads, kBwdBarDS);  // dS^T stored
+          tl.mark(kBwdShared);
+        } else {
+          wg_gemm<false, -1>(mma_dkv, wg_dkv.partition_fragment_A(sPt), tdVrdO(_, _, _, rd_do.index()), tdVrdV);
+          named_sync(T::kMmaThreads, kBwdBarDS);  // dS^T stored
+          tl.mark(kBwdShared);
+          wg_gemm<false, -1>(mma_dkv, wg_dkv.partition_fragment_A(sdSt), tdKrQ(_, _, _, rd.index()), tdKrdK);
+        }
         dq_step_tail(buf, hq, m);
       };
       BwdStep st = w.first_step(group);
@@ -1119,6 +1158,34 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     if constexpr (Dropout) {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(tdVrdV); ++i) tdVrdV(i) *= p.dropout_scale;
+    }
+    if constexpr (T::kdKVByRole) {
+      // WG 0 holds all of dV, WG 1 all of dK (64 keys x head_dim): out through the WG's P / dS
+      // buffer in two head_dim halves. A half is the first / second 64 values of the thread's
+      // fragment (the m64n256 C fragment's column groups are its slowest mode): TiledMmadKVWG's.
+      float const mult = wg == 1 ? p.scale : 1.f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(tdVrdV); ++i) tdVrdV(i) *= mult;
+      Tensor rX = make_tensor_like<Element>(tdVrdV);
+      convert_out(tdVrdV, rX);
+      named_sync(T::kMmaThreads, kBwdBarDS);  // both WGs' last GEMMs read P / dS
+      Element* const buf = wg == 0 ? ss.p.data() : ss.ds.data();
+      auto const frag = partition_fragment_C(typename T::TiledMmadKVWG{}, Shape<_64, Int<T::kdKVCols>>{}).layout();
+      static_assert(2 * decltype(size(frag))::value == decltype(size(rX))::value, "two halves per WG");
+      auto const& tma = wg == 0 ? kp.tma_dv : kp.tma_dk;
+      CUTLASS_PRAGMA_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(
+            make_tensor(rX.data() + half * size(frag), frag), buf, tma,
+            [&] {
+              Tensor mX = tma.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch))(_, _, h_kv, b);
+              return local_tile(mX, Shape<_64, Int<T::kdKVCols>>{}, make_coord(n_block, half));
+            },
+            kBwdBarEpilogue + wg, tidx);
+      }
+      if (tidx % 128 == 0) cute::tma_store_wait<0>();  // the next tile's first step writes P / dS here
+      named_sync(T::kMmaThreads, kBwdBarDS);
+      continue;
     }
     Tensor rdV = make_tensor_like<Element>(tdVrdV);
     convert_out(tdVrdV, rdV);

@@ -44,14 +44,19 @@ template <> struct BwdTileConfig<64> { static constexpr int M = 128, N = 128, St
 #define JF_BWD_STAGES128 3
 #endif
 template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, Stages = JF_BWD_STAGES128, PolyEvery = JF_BWD_POLY128, DynamicCausalMaxS = JF_BWD_DYN_MAXS128; static constexpr bool SdPByRole = false; };
-// 64 keys per CTA: the WGs split head_dim (BwdTraits::kSplitD). SdPByRole: launches without a
-// causal / window bound take the S^T / dP^T-by-role instantiation (NOTES.md v57b, harness:
-// non-causal +4.2% / +1.4% / +1% at 1k / 4k / 16k; causal keeps the row split, by role lost 4% at
-// 1k there). JF_BWD_SDP_BY_ROLE=0 turns it off (A/B).
+// 64 keys per CTA: the WGs split head_dim (BwdTraits::kSplitD). SdPByRole: plain launches (no
+// softcap, deterministic mode, segment ids, bias / mask or dropout) take the S^T / dP^T-by-role
+// instantiation (NOTES.md v57b, v69, v70). JF_BWD_SDP_BY_ROLE=0 turns it off (A/B).
 #ifndef JF_BWD_SDP_BY_ROLE
 #define JF_BWD_SDP_BY_ROLE 1
 #endif
-template <> struct BwdTileConfig<256> { static constexpr int M = 64, N = 64, Stages = 2, PolyEvery = 0, DynamicCausalMaxS = 1 << 30; static constexpr bool SdPByRole = JF_BWD_SDP_BY_ROLE; };
+// Causal / windowed launches take it too from JF_BWD_ROLE_BOUNDED_MINS keys up (v70: with v69's
+// dV / dK by role it wins at every length, harness causal 1k / 4k / 16k +0% / +4% / +3-15%; before
+// v69 it lost 4% at 1k, where WG 0 masks all rows of a boundary step while WG 1 waits).
+#ifndef JF_BWD_ROLE_BOUNDED_MINS
+#define JF_BWD_ROLE_BOUNDED_MINS 0
+#endif
+template <> struct BwdTileConfig<256> { static constexpr int M = 64, N = 64, Stages = 2, PolyEvery = 0, DynamicCausalMaxS = 1 << 30, RoleBoundedMinS = JF_BWD_ROLE_BOUNDED_MINS; static constexpr bool SdPByRole = JF_BWD_SDP_BY_ROLE; };
 
 template <class Traits, bool Softcap, bool Deterministic, bool Segments = false, bool Dense = false,
           bool Dropout = false>
@@ -142,7 +147,7 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   auto kernel = &flash_bwd_kernel<T, Softcap, Deterministic, false, Segments, Dense, Dropout>;
-  if constexpr (JF_BWD_DYNAMIC && !Deterministic && !T::kSdPByRole) {  // by role: non-causal only
+  if constexpr (JF_BWD_DYNAMIC && !Deterministic) {
     if (dynamic) kernel = &flash_bwd_kernel<T, Softcap, false, true, Segments, Dense, Dropout>;
   }
   constexpr int smem = T::kSmemBytes;
@@ -188,8 +193,8 @@ cudaError_t run_bwd_hdim(const FlashBwdParams& p, cudaStream_t stream) {
   if (p.softcap > 0.f) return launch_bwd<T, true, false>(p, stream);
   if constexpr (C::SdPByRole) {
     // No causal / window bound: masked steps only at ragged ends (lengths, seqlens not a multiple
-    // of 64), where by role costs more than the row split.
-    if (p.window_left < 0 && p.window_right < 0) {
+    // of 64). Bounded: by role from C::RoleBoundedMinS keys (v70).
+    if ((p.window_left < 0 && p.window_right < 0) || p.seqlen_k >= C::RoleBoundedMinS) {
       using TR = BwdTraits<kHeadDim, C::M, C::N, C::Stages, Element, C::PolyEvery, false, true>;
       return launch_bwd<TR, false, false>(p, stream);
     }
