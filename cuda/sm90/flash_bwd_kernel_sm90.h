@@ -759,20 +759,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdS{});
         Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
         wg_gemm<true, -1>(mma_dq, wg_dq.partition_fragment_A(sdS), tdQrK, tdQrdQ);
+        // dV, the last reader of this dO stage, is done (kdKVByRole: this WG's dV or dK, the last
+        // reader of dO or Q, so both stages go now).
+        warpgroup_wait<T::kdKVByRole ? 1 : 2>();
+        pipe_do.consumer_release(rd_do);
+        ++rd_do;
         if constexpr (T::kdKVByRole) {
-          warpgroup_wait<1>();  // this WG's dV (dO's last reader) or dK (Q's) is done
-          pipe_do.consumer_release(rd_do);
-          ++rd_do;
           pipe_q.consumer_release(rd);
           ++rd;
-          warpgroup_wait<0>();
-          tl.mark(kBwdDQDone);
-        } else {
-          warpgroup_wait<2>();  // dV, the last reader of this dO stage, is done
-          pipe_do.consumer_release(rd_do);
-          ++rd_do;
-          warpgroup_wait<0>();
-          tl.mark(kBwdDQDone);
+        }
+        warpgroup_wait<0>();
+        tl.mark(kBwdDQDone);
+        if constexpr (!T::kdKVByRole) {
           pipe_q.consumer_release(rd);
           ++rd;
         }
@@ -814,7 +812,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       // One head-dim split step with S^T / dP^T by role: WG 0 computes S^T and P^T for all kBlockM
       // rows, WG 1 dP^T; P^T (16-bit) goes to smem for WG 1, which forms dS^T from it. Then
       // kdKVByRole: dV on WG 0 and dK on WG 1 from registers, else both split by head_dim from
-      // smem; dQ split by head_dim. Two CTA-wide syncs per step (P stored; dS stored). Branches on wg hold no wgmma in flight (each arm waits for its own).
+      // smem; dQ split by head_dim. Two CTA-wide syncs per step (P stored; dS stored). Branches
+      // on wg hold no wgmma in flight (each arm waits for its own).
       // (A generic lambda: its body is instantiated only where kSdPByRole calls it.)
       auto step_by_role = [&](auto hq, int m, int it) {
         int const row0 = m * kBlockM;
@@ -1159,6 +1158,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(tdVrdV); ++i) tdVrdV(i) *= p.dropout_scale;
     }
+    auto const frag = partition_fragment_C(typename T::TiledMmadKVWG{}, Shape<_64, Int<T::kdKVCols>>{}).layout();
+    // Tile (key_tile, col_tile) of 64 keys x kdKVCols of dK or dV in global memory (TMA view).
+    auto gtile = [&](auto const& tma, int key_tile, int col_tile) {
+      Tensor mX = tma.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch))(_, _, h_kv, b);
+      return local_tile(mX, Shape<_64, Int<T::kdKVCols>>{}, make_coord(key_tile, col_tile));
+    };
     if constexpr (T::kdKVByRole) {
       // WG 0 holds all of dV, WG 1 all of dK (64 keys x head_dim): out through the WG's P / dS
       // buffer in two head_dim halves. A half is the first / second 64 values of the thread's
@@ -1170,17 +1175,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       convert_out(tdVrdV, rX);
       named_sync(T::kMmaThreads, kBwdBarDS);  // both WGs' last GEMMs read P / dS
       Element* const buf = wg == 0 ? ss.p.data() : ss.ds.data();
-      auto const frag = partition_fragment_C(typename T::TiledMmadKVWG{}, Shape<_64, Int<T::kdKVCols>>{}).layout();
       static_assert(2 * decltype(size(frag))::value == decltype(size(rX))::value, "two halves per WG");
       auto const& tma = wg == 0 ? kp.tma_dv : kp.tma_dk;
       CUTLASS_PRAGMA_UNROLL
       for (int half = 0; half < 2; ++half) {
         wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(
-            make_tensor(rX.data() + half * size(frag), frag), buf, tma,
-            [&] {
-              Tensor mX = tma.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch))(_, _, h_kv, b);
-              return local_tile(mX, Shape<_64, Int<T::kdKVCols>>{}, make_coord(n_block, half));
-            },
+            make_tensor(rX.data() + half * size(frag), frag), buf, tma, [&] { return gtile(tma, n_block, half); },
             kBwdBarEpilogue + wg, tidx);
       }
       if (tidx % 128 == 0) cute::tma_store_wait<0>();  // the next tile's first step writes P / dS here
@@ -1200,16 +1200,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     Element* const buf = T::kSplitD        ? (wg == 0 ? ss.p.data() : ss.ds.data())
                          : T::kdKVInDQStage ? reinterpret_cast<Element*>(stage)
                                             : ss.dkv.data() + wg * cute::cosize_v<typename T::SmemLayoutdKV>;
-    auto const frag = partition_fragment_C(typename T::TiledMmadKVWG{}, Shape<_64, Int<T::kdKVCols>>{}).layout();
-    auto gtile = [&](auto const& tma) {  // this WG's 64 keys x kdKVCols of dK or dV
-      Tensor mX = tma.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch))(_, _, h_kv, b);
-      return local_tile(mX, Shape<_64, Int<T::kdKVCols>>{},
-                        make_coord(n_block * (kBlockN / 64) + (T::kSplitD ? 0 : wg), T::kSplitD ? wg : 0));
+    // This WG's tile: its own 64 keys (key split) or its head_dim half (head-dim split).
+    auto own_tile = [&](auto const& tma) {
+      return gtile(tma, n_block * (kBlockN / 64) + (T::kSplitD ? 0 : wg), T::kSplitD ? wg : 0);
     };
     wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(
-        make_tensor(rdV.data(), frag), buf, kp.tma_dv, [&] { return gtile(kp.tma_dv); }, kBwdBarEpilogue + wg, tidx);
+        make_tensor(rdV.data(), frag), buf, kp.tma_dv, [&] { return own_tile(kp.tma_dv); }, kBwdBarEpilogue + wg, tidx);
     wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(
-        make_tensor(rdK.data(), frag), buf, kp.tma_dk, [&] { return gtile(kp.tma_dk); }, kBwdBarEpilogue + wg, tidx);
+        make_tensor(rdK.data(), frag), buf, kp.tma_dk, [&] { return own_tile(kp.tma_dk); }, kBwdBarEpilogue + wg, tidx);
     if constexpr (T::kSplitD) {
       // The next tile's first step writes P / dS here: the stores must have read them.
       if (tidx % 128 == 0) cute::tma_store_wait<0>();
