@@ -371,12 +371,16 @@ __forceinline__ __device__ int dq_turn_of(SeqMask const& msk, int m, int n_block
 }
 
 // JF_BWD_DIAG_DQ (diagnostic harness builds only; dQ comes out wrong): 1 skips the dQ reduce-adds,
-// 2 makes them plain bulk stores (the same bytes without L2's read-modify-write), to see how much
-// of a step the dQ traffic costs (NOTES.md, next steps after session 20).
+// 2 makes them plain bulk stores (the same bytes without L2's read-modify-write), 3 reduce-adds
+// half of each piece (the L2 traffic of a pre-summed CTA pair), to see how much of a step the dQ
+// traffic costs (NOTES.md, next steps after sessions 20 and 28).
 #ifndef JF_BWD_DIAG_DQ
 #define JF_BWD_DIAG_DQ 0
 #endif
 __forceinline__ __device__ void bulk_reduce_add_f32(float* gmem, float const* smem, int bytes) {
+#if JF_BWD_DIAG_DQ == 3
+  bytes /= 2;
+#endif
 #if JF_BWD_DIAG_DQ == 1
   return;
 #elif JF_BWD_DIAG_DQ == 2
