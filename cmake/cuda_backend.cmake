@@ -63,6 +63,8 @@ if(JF_SM90_SOURCES)
   # wgmma and setmaxnreg need the arch-specific sm_90a target.
   set_target_properties(jf_sm90 PROPERTIES CUDA_ARCHITECTURES "${JF_HOPPER_ARCHS}" POSITION_INDEPENDENT_CODE ON)
   target_compile_options(jf_sm90 PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${jf_cuda_flags}>)
+  # CuTe's wgmma shapes with N not a power-of-two multiple of 8 (m64n80k16: the 80-row backward).
+  target_compile_definitions(jf_sm90 PRIVATE CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
   target_include_directories(jf_sm90 PRIVATE ${CMAKE_SOURCE_DIR}/cuda ${CUTLASS_INCLUDE_DIR})
   target_compile_features(jf_sm90 PRIVATE cuda_std_17)
   target_link_libraries(_jax_flash PRIVATE jf_sm90)

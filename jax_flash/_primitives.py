@@ -77,7 +77,7 @@ class MaskSpec:
 
 # The GPU dQ accumulator's padded shape; mirrors dq_accum_rows/cols in flash_params.h.
 def _dq_accum_shape(B, N, T, H):
-    return (B, N, -(-T // 128) * 128, -(-H // 64) * 64)
+    return (B, N, -(-(-(-T // 80) * 80) // 128) * 128, -(-H // 64) * 64)
 
 
 # ----------------------------------------------------------------------------- forward

@@ -215,7 +215,9 @@ JF_HOST_DEVICE bool hopper_bwd_takes_extras(const FlashBwdParams& p) {
 
 // Shape of the GPU dQ accumulator workspace, [batch, heads_q, rows, cols] float32.
 // Python mirrors this (jax_flash/_primitives.py) to size the FFI output buffer.
-inline int64_t dq_accum_rows(int seqlen_q) { return (int64_t(seqlen_q) + 127) / 128 * 128; }
+// Rows: a multiple of 128 with room for whole 64-, 128- and 80-row blocks (the sm90 H=128
+// non-causal backward steps over 80 rows).
+inline int64_t dq_accum_rows(int seqlen_q) { return ((int64_t(seqlen_q) + 79) / 80 * 80 + 127) / 128 * 128; }
 inline int64_t dq_accum_cols(int head_dim) { return (int64_t(head_dim) + 63) / 64 * 64; }
 
 // Offset of row 0 of (b, h) in the per-row backward workspaces (dsum, lse_log2).

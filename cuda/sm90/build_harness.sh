@@ -13,7 +13,7 @@ case "${1:-fwd}" in
   *) echo "usage: $0 fwd|bwd" >&2; exit 2 ;;
 esac
 CI=${CUTLASS_INCLUDE:-$(python3 -c "import cutlass_library,os;print(os.path.dirname(cutlass_library.__file__))")/source/include}
-FLAGS="-gencode=arch=compute_90a,code=sm_90a -std=c++17 --expt-relaxed-constexpr -O3 -DNDEBUG -I$CI -cudart static"
+FLAGS="-gencode=arch=compute_90a,code=sm_90a -std=c++17 --expt-relaxed-constexpr -O3 -DNDEBUG -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED -I$CI -cudart static"
 OBJ=${OBJ_DIR:-/tmp/jf_sm90_${pass}${HDIM:+_h$HDIM}_obj}
 mkdir -p $dir/bin $OBJ
 pids=()

@@ -53,6 +53,12 @@
 #include "traits.h"
 #include "utils.h"
 
+// The 80-row steps' m64n80k16 wgmmas: without the macro CuTe's op selector silently splits them
+// into m64n16k16 (5x the instructions: -30% measured, NOTES.md v65).
+#ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#error "compile the sm90 kernels with -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (cmake/cuda_backend.cmake)"
+#endif
+
 #ifndef JF_BWD_ASYNC_DS
 #define JF_BWD_ASYNC_DS 1
 #endif
@@ -87,7 +93,13 @@ struct BwdTraits {
   // (on the previous step's dS), so no barrier holds the two WGs in lockstep; WG 1 starts each
   // tile half a step behind WG 0, and one WG forms P / dS while the other's GEMMs run (v43).
   static constexpr bool kAsyncDS = !kSplitD && JF_BWD_ASYNC_DS;
-  static_assert((kBlockN == 128 || kBlockN == 64) && kBlockM % 64 == 0);
+  // 80-row steps (key split only, FA3's non-causal H=128 tile): every per-step cost over 25% more
+  // rows (NOTES.md v65). wgmma's M is 64, so dQ is computed transposed there (kdQTransposed).
+  static_assert((kBlockN == 128 || kBlockN == 64) && (kBlockM % 64 == 0 || (kBlockM == 80 && kBlockN == 128)));
+  // dQ^T = K^T dS^T (head_dim x rows, WGs split head_dim) instead of dQ = dS K, when kBlockM is
+  // not a multiple of 64. dq_accum then holds the transposed fragment (the convert kernel reads
+  // it through the same TiledMmadQ).
+  static constexpr bool kdQTransposed = kBlockM % 64 != 0;
   static constexpr int kStagesdO = kSplitD ? 1 : kStages;
   // Dense kernels whose bias / mask tiles come by TMA (key split only): producer warp 3 copies
   // each step's tile of every consumer WG (its 64 keys x kBlockM rows, dense_tma.h's layout) into
@@ -99,12 +111,15 @@ struct BwdTraits {
   static constexpr bool kSdPByRole = kSdPByRole_;
   // kSdPByRole with dV on WG 0 and dK on WG 1, each over all of head_dim, A from registers (v69).
   static constexpr bool kdKVByRole = kSdPByRole && JF_BWD_DKV_BY_ROLE;
+  // The 80-row (dQ transposed) instantiation: launches without a causal / window bound only
+  // (never on the dynamic schedule, which is for bounded masks).
+  static constexpr bool kUnboundedOnly = kdQTransposed;
   static_assert(!kDenseTma || kBlockN == 128, "TMA tiles in the key split");
   static constexpr int kDenseStageBytes = kDenseTma ? kBlockM * 64 * 4 : 0;
   // Key split with 3+ Q / dO stages (or the dense tiles): smem has no room for the dK / dV
   // epilogue buffer, so each WG stages its dK / dV in its dQ staging buffer (v44;
   // kBwdBarDQEmpty protocol in the kernel).
-  static constexpr bool kdKVInDQStage = !kSplitD && (kStages >= 3 || kDenseTma);
+  static constexpr bool kdKVInDQStage = !kSplitD && (kStages >= 3 || kDenseTma || kdQTransposed);
   // dQ partial of one step: kdQFrag floats per consumer thread, one WG's part contiguous.
   static constexpr int kdQFrag = kBlockM * kHeadDim / kMmaThreads;
   static constexpr int kdQWGFloats = 128 * kdQFrag;
@@ -128,8 +143,11 @@ struct BwdTraits {
   using MmaAtomdKV = std::conditional_t<
       kSplitD, decltype(GMMA::ss_op_selector<Element, Element, float, TileShapedKV, GMMA::Major::K, GMMA::Major::MN>()),
       decltype(GMMA::rs_op_selector<Element, Element, float, TileShapedKV, GMMA::Major::K, GMMA::Major::MN>())>;
-  // dQ: (rows, head_dim), reduction over keys; per-atom tile, WGs split head_dim.
-  using TileShapedQAtom = Shape<Int<kBlockM>, Int<kHeadDim / 2>, Int<kBlockN>>;
+  // dQ: (rows, head_dim), reduction over keys; per-atom tile, WGs split head_dim. Transposed:
+  // dQ^T (head_dim, rows) = K^T dS^T, both operands MN-major views of sK / sdS.
+  using TileShapedQAtom = std::conditional_t<kdQTransposed, Shape<Int<kHeadDim / 2>, Int<kBlockM>, Int<kBlockN>>,
+                                             Shape<Int<kBlockM>, Int<kHeadDim / 2>, Int<kBlockN>>>;
+  using ShapedQ = std::conditional_t<kdQTransposed, Shape<Int<kHeadDim>, Int<kBlockM>>, Shape<Int<kBlockM>, Int<kHeadDim>>>;
   using TiledMmaSdP = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, TileShapeSdP>(), AtomLayoutSdP{}));
   // kSdPByRole's GEMM: one WG's whole 64 keys x kBlockM tile (m64n64k16 wgmmas read 4 KB of
   // smem per 32 cycles; the row split's m64n32k16 read 3 KB per 16).
@@ -142,8 +160,9 @@ struct BwdTraits {
                                                    GMMA::Major::K, GMMA::Major::MN>())),
       decltype(make_tiled_mma(MmaAtomdKV{}, AtomLayoutdKV{}))>;
   using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, TileShapedQAtom, GMMA::Major::MN, GMMA::Major::MN>(),
-      Layout<Shape<_1, _2, _1>>{}));
+      GMMA::ss_op_selector<Element, Element, float, TileShapedQAtom, GMMA::Major::MN,
+                           kdQTransposed ? GMMA::Major::K : GMMA::Major::MN>(),
+      std::conditional_t<kdQTransposed, Layout<Shape<_2, _1, _1>>, Layout<Shape<_1, _2, _1>>>{}));
 
   // Q / dO: (rows, head_dim, stage), head_dim contiguous. The "t" views are the transposes
   // (head_dim, rows, stage) of the same memory, read as MN-major B operands.
@@ -165,8 +184,17 @@ struct BwdTraits {
   // to smem by stmatrix (8 adjacent query rows of one key per 8x8 row) through the
   // dSt = (keys, rows) view. Under kSplitD the same view is the K-major A operand of
   // dK += dS^T Q (and, on the P buffer, of dV += P^T dO).
-  using SmemAtomdS = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::MN, Element, Int<kBlockM>, Int<kBlockN>>());
-  using SmemLayoutdS = decltype(tile_to_shape(SmemAtomdS{}, Shape<Int<kBlockM>, Int<kBlockN>>{}, Step<_2, _1>{}));
+  // kdQTransposed (80 rows: no 128-byte swizzle along them) has keys contiguous instead, the
+  // K-major B of dQ^T = K^T dS^T, stored by the transposing stmatrix (FA3's layout; the 32-byte
+  // swizzle a rows-contiguous 80-row tile gets cost 30%, NOTES.md v65).
+  using SmemAtomdS = std::conditional_t<
+      kdQTransposed, decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kBlockM>, Int<kBlockN>>()),
+      decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::MN, Element, Int<kBlockM>, Int<kBlockN>>())>;
+  using SmemLayoutdS = decltype(tile_to_shape(SmemAtomdS{}, Shape<Int<kBlockM>, Int<kBlockN>>{},
+                                              std::conditional_t<kdQTransposed, Step<_1, _2>, Step<_2, _1>>{}));
+  // stmatrix of a (keys, rows) accumulator into the dSt view: 8 adjacent rows of one key per
+  // 16-byte row, or (kdQTransposed) transposed, 8 adjacent keys of one row.
+  using StoreAtomdS = std::conditional_t<kdQTransposed, SM90_U16x8_STSM_T, SM90_U32x4_STSM_N>;
   using SmemLayoutdSt = decltype(composition(
       SmemLayoutdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Stride<Int<kBlockM>, _1>{})));
 
@@ -651,7 +679,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   Tensor tdVrdO = wg_dkv.partition_fragment_B(sdOt);  // (MMA, MMA_N, MMA_K, stage)
   Tensor tdKrQ = wg_dkv.partition_fragment_B(sQt);
   auto wg_dq = mma_dq.get_slice(wg * 128);
-  Tensor tdQrK = wg_dq.partition_fragment_B(sKt);
+  // K as dQ's B operand, or (kdQTransposed) K^T as dQ^T's A operand.
+  auto tdQrK = [&] {
+    if constexpr (T::kdQTransposed) return wg_dq.partition_fragment_A(sKt);
+    else return wg_dq.partition_fragment_B(sKt);
+  }();
 
   auto thr_sdp = mma_sdp.get_thread_slice(tidx);
   Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));  // (key, row)
@@ -709,13 +741,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   // kDenseTma: this WG's bias / mask stage, and the steps it has run (the stage's phase).
   uint8_t const* const dense_stage = bwd_dense_stage<T>(ss, wg);
   int dense_count = 0;
-  // Key split: dQ = dS K over the block's 128 keys from dS buffer dbuf (both WGs' halves), this
+  // dQ = dS K (or dQ^T = K^T dS^T) over the block's keys from dS buffer dbuf, this
   // WG's head_dim half; then the fragment goes to the WG's writer warp (below). The accumulator
   // is declared where it is used: a live range spanning the step loop costs 32 registers.
   auto dq_gemm = [&](int dbuf, auto& tdQrdQ) {
     Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data() + dbuf * T::kdSSize), typename T::SmemLayoutdS{});
-    Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);
-    wg_gemm<true, -1>(mma_dq, tdQrdS, tdQrK, tdQrdQ);
+    if constexpr (T::kdQTransposed) wg_gemm<true, -1>(mma_dq, tdQrK, wg_dq.partition_fragment_B(sdS), tdQrdQ);
+    else wg_gemm<true, -1>(mma_dq, wg_dq.partition_fragment_A(sdS), tdQrK, tdQrdQ);
   };
   auto dq_handoff = [&](auto const& tdQrdQ, bool first_of_tile) {
     // The writer has read the previous fragment (a step ago: normally no wait). kdKVInDQStage: the
@@ -731,7 +763,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     BwdTile const w = bwd_tile<T, Segments>(kp, bwd_next_tile<T, Dynamic>(ss, r));
     if (w.done) break;
     int const n_block = w.t.m_block, h_kv = w.t.h, b = w.t.b;
-    SeqMask const msk = make_seq_mask(p, b);
+    SeqMask msk = make_seq_mask(p, b);
+    if constexpr (T::kUnboundedOnly) {  // no causal / window bound: only the lengths mask (constants free registers)
+      msk.offset = 0;
+      msk.left = -1;
+      msk.right = -1;
+    }
     int const n_iters = w.n_iters;
     int const key0_wg = n_block * kBlockN + (T::kSplitD ? 0 : wg * 64);  // this WG's keys
     // Row blocks [full_lo, full_hi) of rows see all of this WG's keys: no element-wise mask.
@@ -760,9 +797,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       // (fragment order) -> bulk reduce-add into dq_accum in kdQRounds pieces per WG (rows past
       // seqlen_q add zeros: P is 0 there).
       auto dq_step_tail = [&](int buf, auto hq, int m) {
-        Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdS{});
-        Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-        wg_gemm<true, -1>(mma_dq, wg_dq.partition_fragment_A(sdS), tdQrK, tdQrdQ);
+        Tensor tdQrdQ = partition_fragment_C(mma_dq, typename T::ShapedQ{});
+        dq_gemm(buf, tdQrdQ);
         // dV, the last reader of this dO stage, is done (kdKVByRole: this WG's dV or dK, the last
         // reader of dO or Q, so both stages go now).
         warpgroup_wait<T::kdKVByRole ? 1 : 2>();
@@ -1063,7 +1099,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         // adjacent query rows each) per instruction, 4 stores per thread instead of 16.
         auto store_tile16 = [&](Element* base, auto const& frag16) {
           Tensor st = make_tensor(make_smem_ptr(base), typename T::SmemLayoutdSt{});
-          auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+          auto r2s = make_tiled_copy_C(Copy_Atom<typename T::StoreAtomdS, Element>{}, mma_sdp);
           auto thr = r2s.get_thread_slice(tidx);
           cute::copy(r2s, thr.retile_S(frag16), thr.partition_D(st));
         };
@@ -1089,7 +1125,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
             // whole live range.
             if (it > 0) {
               ss.ds_full[buf ^ 1].wait(((ds_count - 1) >> 1) & 1);
-              Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+              Tensor tdQrdQ = partition_fragment_C(mma_dq, typename T::ShapedQ{});
               dq_gemm(buf ^ 1, tdQrdQ);
               wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
               warpgroup_wait<1>();  // dV (the last reader of this dO stage) and the previous dQ are done
@@ -1107,7 +1143,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           } else {
             named_sync(T::kMmaThreads, kBwdBarDS);
             tl.mark(kBwdShared);
-            Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+            Tensor tdQrdQ = partition_fragment_C(mma_dq, typename T::ShapedQ{});
             dq_gemm(buf, tdQrdQ);
             wg_gemm<false, -1>(mma_dkv, tdSrA, tdKrQ(_, _, _, rd.index()), tdKrdK);
             warpgroup_wait<1>();  // dV (the last reader of this dO stage) and dQ are done
@@ -1146,7 +1182,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       if constexpr (T::kAsyncDS) {  // the tile's last dQ
         int const last = (ds_count - 1) & 1;
         ss.ds_full[last].wait(((ds_count - 1) >> 1) & 1);
-        Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+        Tensor tdQrdQ = partition_fragment_C(mma_dq, typename T::ShapedQ{});
         dq_gemm(last, tdQrdQ);
         warpgroup_wait<0>();
         ss.ds_empty[last].arrive();
@@ -1226,18 +1262,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
 // with no visible key get dsum = 0 and lse_log2 = +inf, so the main kernel's P is 0 there.
 // kG = head_dim / 8 threads per (b, t, h) row, 16-byte loads; 32-bit index math (the host
 // checks the row count).
+// Rows t < rows of each (b, h) (seqlen_q rounded up to kBlockM: what the main kernel reads).
 template <class T>
-__global__ void flash_bwd_row_stats_kernel_sm90(const FlashBwdParams p, int64_t acc_cols) {
+__global__ void flash_bwd_row_stats_kernel_sm90(const FlashBwdParams p, int64_t acc_cols, int rows) {
   using Element = typename T::Element;
   constexpr int kG = T::kHeadDim / 8;
   static_assert(32 % kG == 0);
   int const gtid = int(blockIdx.x) * blockDim.x + int(threadIdx.x);
   int const row = gtid / kG, lane = gtid % kG;
   // Out-of-range rows stay for the shuffles (whole warps) but touch no memory.
-  bool const valid = row < p.batch * p.seqlen_q_rounded * p.heads_q;
+  bool const valid = row < p.batch * rows * p.heads_q;
   int const h = row % p.heads_q;
-  int const t = (row / p.heads_q) % p.seqlen_q_rounded;
-  int const b = row / (p.heads_q * p.seqlen_q_rounded);
+  int const t = (row / p.heads_q) % rows;
+  int const b = row / (p.heads_q * rows);
   int64_t const out = row_stats_offset(p, b, h) + t;
   // This (b, h, t) share of dq_accum: the union over t is the whole (b, h) plane.
   float4* acc = reinterpret_cast<float4*>(p.dq_accum + out * acc_cols);
@@ -1273,7 +1310,10 @@ __global__ void flash_bwd_convert_dq_kernel_sm90(const FlashBwdParams p, int64_t
   __shared__ alignas(16) Element tile[T::kBlockM * kRowStride];
   int const m = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
   typename T::TiledMmadQ mma_dq;
-  Tensor c = mma_dq.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}));
+  // (row, column) of each fragment value; kdQTransposed fragments are (column, row).
+  Tensor c = mma_dq.get_thread_slice(t).partition_C(make_identity_tensor(typename T::ShapedQ{}));
+  auto row_of = [&](int i) { return int(get<T::kdQTransposed ? 1 : 0>(c(i))); };
+  auto col_of = [&](int i) { return int(get<T::kdQTransposed ? 0 : 1>(c(i))); };
   float const* acc = p.dq_accum + ((int64_t(b) * p.heads_q + h) * acc_rows + int64_t(m) * T::kBlockM) * acc_cols;
   cutlass::NumericArrayConverter<Element, float, 2> cvt;
   CUTLASS_PRAGMA_UNROLL
@@ -1281,10 +1321,16 @@ __global__ void flash_bwd_convert_dq_kernel_sm90(const FlashBwdParams p, int64_t
     float4 const a = *reinterpret_cast<float4 const*>(acc + dq_frag_offset<T>(t, i));
     float const v[4] = {a.x, a.y, a.z, a.w};
     CUTLASS_PRAGMA_UNROLL
-    for (int e = 0; e < 4; e += 2) {  // accumulator pairs (i, i+1) are adjacent columns of one row
+    for (int e = 0; e < 4; e += 2) {  // accumulator pairs (i, i+1): adjacent columns of one row (or transposed, rows)
       cutlass::Array<float, 2> x;
       x[0] = v[e] * p.scale; x[1] = v[e + 1] * p.scale;
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(tile + int(get<0>(c(i + e))) * kRowStride + int(get<1>(c(i + e)))) = cvt(x);
+      cutlass::Array<Element, 2> const y = cvt(x);
+      if constexpr (T::kdQTransposed) {
+        tile[row_of(i + e) * kRowStride + col_of(i + e)] = y[0];
+        tile[row_of(i + e + 1) * kRowStride + col_of(i + e + 1)] = y[1];
+      } else {
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(tile + row_of(i + e) * kRowStride + col_of(i + e)) = y;
+      }
     }
   }
   __syncthreads();

@@ -37,13 +37,20 @@ struct BwdTileConfig;
 #ifndef JF_BWD_DYN_MAXS128
 #define JF_BWD_DYN_MAXS128 (1 << 30)
 #endif
-template <> struct BwdTileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PolyEvery = JF_BWD_POLY64, DynamicCausalMaxS = JF_BWD_DYN_MAXS64; static constexpr bool SdPByRole = false; };
+// UnboundedM: query rows per step of the plain launches without a causal / window bound (no
+// softcap, bias / mask, dropout, segment ids or deterministic mode); M for the rest.
+template <> struct BwdTileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PolyEvery = JF_BWD_POLY64, DynamicCausalMaxS = JF_BWD_DYN_MAXS64, UnboundedM = M; static constexpr bool SdPByRole = false; };
 // Three Q / dO stages at H=128, the dK / dV epilogue in the dQ staging buffer (v44: +1-2% at 1k,
 // +0-1.5% at 4k, same run); JF_BWD_STAGES128=2 restores two stages and a separate epilogue buffer.
 #ifndef JF_BWD_STAGES128
 #define JF_BWD_STAGES128 3
 #endif
-template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, Stages = JF_BWD_STAGES128, PolyEvery = JF_BWD_POLY128, DynamicCausalMaxS = JF_BWD_DYN_MAXS128; static constexpr bool SdPByRole = false; };
+// Unbounded launches: 80-row steps (FA3's non-causal H=128 tile; dQ transposed, two stages for
+// smem), each step's fixed cost over 25% more rows (NOTES.md v65). JF_BWD_M80=0: 64 rows (A/B).
+#ifndef JF_BWD_M80
+#define JF_BWD_M80 1
+#endif
+template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, Stages = JF_BWD_STAGES128, PolyEvery = JF_BWD_POLY128, DynamicCausalMaxS = JF_BWD_DYN_MAXS128, UnboundedM = JF_BWD_M80 ? 80 : 64; static constexpr bool SdPByRole = false; };
 // 64 keys per CTA: the WGs split head_dim (BwdTraits::kSplitD). SdPByRole: plain launches (no
 // softcap, deterministic mode, segment ids, bias / mask or dropout) take the S^T / dP^T-by-role
 // instantiation (NOTES.md v57b, v69, v70). JF_BWD_SDP_BY_ROLE=0 turns it off (A/B).
@@ -56,7 +63,7 @@ template <> struct BwdTileConfig<128> { static constexpr int M = 64, N = 128, St
 #ifndef JF_BWD_ROLE_BOUNDED_MINS
 #define JF_BWD_ROLE_BOUNDED_MINS 0
 #endif
-template <> struct BwdTileConfig<256> { static constexpr int M = 64, N = 64, Stages = 2, PolyEvery = 0, DynamicCausalMaxS = 1 << 30, RoleBoundedMinS = JF_BWD_ROLE_BOUNDED_MINS; static constexpr bool SdPByRole = JF_BWD_SDP_BY_ROLE; };
+template <> struct BwdTileConfig<256> { static constexpr int M = 64, N = 64, Stages = 2, PolyEvery = 0, DynamicCausalMaxS = 1 << 30, RoleBoundedMinS = JF_BWD_ROLE_BOUNDED_MINS, UnboundedM = M; static constexpr bool SdPByRole = JF_BWD_SDP_BY_ROLE; };
 
 template <class Traits, bool Softcap, bool Deterministic, bool Segments = false, bool Dense = false,
           bool Dropout = false>
@@ -68,20 +75,21 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   kp.timeline = bwd_timeline_buffer();
   kp.acc_rows = p.seqlen_q_rounded > 0 ? p.seqlen_q_rounded : dq_accum_rows(p.seqlen_q);
   kp.acc_cols = p.head_dim_rounded > 0 ? p.head_dim_rounded : dq_accum_cols(p.head_dim);
-  // dq_accum: whole kBlockM-row blocks of kBlockM * head_dim floats (fragment order); the
-  // row statistics are read in kBlockM-row, 16-byte aligned pieces.
-  // The fragment order needs rows of exactly kHeadDim floats (head dims 129..192 have 192: those
-  // take the portable backward).
-  if (kp.acc_rows < p.seqlen_q || kp.acc_rows % T::kBlockM || kp.acc_cols != T::kHeadDim ||
-      p.seqlen_q_rounded != kp.acc_rows)
+  // dq_accum: whole kBlockM-row blocks of kBlockM * head_dim floats (fragment order) from each
+  // (b, h)'s row 0; the row statistics are read in kBlockM-row, 16-byte aligned pieces; the
+  // turn counters count 64-row blocks. dq_accum_rows leaves room for the last block (80-row
+  // tiles too). The fragment order needs rows of exactly kHeadDim floats (head dims 129..192
+  // have 192: those take the portable backward).
+  int const stats_rows = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM * T::kBlockM;
+  if (kp.acc_rows < stats_rows || kp.acc_rows % 64 || kp.acc_cols != T::kHeadDim || p.seqlen_q_rounded != kp.acc_rows)
     return cudaErrorNotSupported;
   int const n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
 
   cudaError_t err;
   {  // row statistics + zeroed dq_accum, kHeadDim / 8 threads per (b, t, h) row
-    int64_t const threads = int64_t(p.batch) * p.seqlen_q_rounded * p.heads_q * (T::kHeadDim / 8);
+    int64_t const threads = int64_t(p.batch) * stats_rows * p.heads_q * (T::kHeadDim / 8);
     if (threads > 0x7fffffff) return cudaErrorNotSupported;
-    flash_bwd_row_stats_kernel_sm90<T><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, kp.acc_cols);
+    flash_bwd_row_stats_kernel_sm90<T><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, kp.acc_cols, stats_rows);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
@@ -147,7 +155,7 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   auto kernel = &flash_bwd_kernel<T, Softcap, Deterministic, false, Segments, Dense, Dropout>;
-  if constexpr (JF_BWD_DYNAMIC && !Deterministic) {
+  if constexpr (JF_BWD_DYNAMIC && !Deterministic && !T::kUnboundedOnly) {
     if (dynamic) kernel = &flash_bwd_kernel<T, Softcap, false, true, Segments, Dense, Dropout>;
   }
   constexpr int smem = T::kSmemBytes;
@@ -197,6 +205,12 @@ cudaError_t run_bwd_hdim(const FlashBwdParams& p, cudaStream_t stream) {
     if ((p.window_left < 0 && p.window_right < 0) || p.seqlen_k >= C::RoleBoundedMinS) {
       using TR = BwdTraits<kHeadDim, C::M, C::N, C::Stages, Element, C::PolyEvery, false, true>;
       return launch_bwd<TR, false, false>(p, stream);
+    }
+  }
+  if constexpr (C::UnboundedM != C::M) {
+    if (p.window_left < 0 && p.window_right < 0) {
+      using TU = BwdTraits<kHeadDim, C::UnboundedM, C::N, 2, Element, C::PolyEvery>;
+      return launch_bwd<TU, false, false>(p, stream);
     }
   }
   return launch_bwd<T, false, false>(p, stream);
