@@ -1263,8 +1263,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
 // kG = head_dim / 8 threads per (b, t, h) row, 16-byte loads; 32-bit index math (the host
 // checks the row count).
 // Rows t < rows of each (b, h) (seqlen_q rounded up to kBlockM: what the main kernel reads).
+// tile_counter: the dynamic schedule's counter, zeroed here (one stream operation fewer than a
+// memset before the main kernel), or nullptr.
 template <class T>
-__global__ void flash_bwd_row_stats_kernel_sm90(const FlashBwdParams p, int64_t acc_cols, int rows) {
+__global__ void flash_bwd_row_stats_kernel_sm90(const FlashBwdParams p, int64_t acc_cols, int rows, int* tile_counter) {
   using Element = typename T::Element;
   constexpr int kG = T::kHeadDim / 8;
   static_assert(32 % kG == 0);
@@ -1275,6 +1277,7 @@ __global__ void flash_bwd_row_stats_kernel_sm90(const FlashBwdParams p, int64_t 
   int const h = row % p.heads_q;
   int const t = (row / p.heads_q) % rows;
   int const b = row / (p.heads_q * rows);
+  if (tile_counter != nullptr && gtid == 0) *tile_counter = 0;
   int64_t const out = row_stats_offset(p, b, h) + t;
   // This (b, h, t) share of dq_accum: the union over t is the whole (b, h) plane.
   float4* acc = reinterpret_cast<float4*>(p.dq_accum + out * acc_cols);

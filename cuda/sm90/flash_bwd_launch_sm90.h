@@ -85,11 +85,20 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     return cudaErrorNotSupported;
   int const n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
 
+  bool const longest_first = p.window_right >= 0;
+  // The dynamic schedule's tile counter: the caller's, or else the first dQ turn counter
+  // (dq_semaphore, [batch, heads_q, acc_rows / 64]), which only the deterministic mode (never
+  // dynamic) uses otherwise.
+  bool const has_turn_counter = int64_t(p.batch) * p.heads_q * (kp.acc_rows / 64) > 0;
+  int* const counter = p.tile_counter ? p.tile_counter : has_turn_counter ? p.dq_semaphore : nullptr;
+  bool const dynamic = JF_BWD_DYNAMIC && !Deterministic && longest_first && counter != nullptr &&
+                       p.seqlen_k <= BwdTileConfig<T::kHeadDim>::DynamicCausalMaxS;
   cudaError_t err;
-  {  // row statistics + zeroed dq_accum, kHeadDim / 8 threads per (b, t, h) row
+  {  // row statistics + zeroed dq_accum (and the dynamic schedule's counter), kHeadDim / 8 threads per (b, t, h) row
     int64_t const threads = int64_t(p.batch) * stats_rows * p.heads_q * (T::kHeadDim / 8);
     if (threads > 0x7fffffff) return cudaErrorNotSupported;
-    flash_bwd_row_stats_kernel_sm90<T><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, kp.acc_cols, stats_rows);
+    flash_bwd_row_stats_kernel_sm90<T><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, kp.acc_cols, stats_rows,
+                                                                                            dynamic ? counter : nullptr);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
@@ -130,7 +139,6 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   // different lengths (v6).
   int64_t const tiles = int64_t(n_blocks) * p.heads_kv * p.batch;
   if (tiles > 0x7fffffff) return cudaErrorNotSupported;
-  bool const longest_first = p.window_right >= 0;
   // A kv head's Q + dO (all q heads of its group) in L2.
   int64_t const qdo_bytes = int64_t(p.seqlen_q) * p.head_dim * 2 * int64_t(sizeof(Element)) * (p.heads_q / p.heads_kv);
   kp.sched = make_tile_schedule(n_blocks, p.heads_kv * p.batch, p.heads_kv, heads_per_l2_chunk(qdo_bytes), int(tiles),
@@ -138,22 +146,11 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   int sms = 0;
   err = sm_count(&sms);
   if (err != cudaSuccess) return err;
-  // The dynamic schedule's tile counter: the caller's, or else the first dQ turn counter
-  // (dq_semaphore, [batch, heads_q, acc_rows / 64]), which only the deterministic mode (never
-  // dynamic) uses otherwise.
-  bool const has_turn_counter = int64_t(p.batch) * p.heads_q * (kp.acc_rows / 64) > 0;
-  int* const counter = p.tile_counter ? p.tile_counter : has_turn_counter ? p.dq_semaphore : nullptr;
-  bool const dynamic = JF_BWD_DYNAMIC && !Deterministic && longest_first && counter != nullptr &&
-                       p.seqlen_k <= BwdTileConfig<T::kHeadDim>::DynamicCausalMaxS;
   // Deterministic: a CTA waits for the lower key blocks' dQ turns, so those must have been
   // launched already: one CTA per tile, in tile order.
   bool const persistent = dynamic || (!longest_first && !p.deterministic);
   int const grid = int(persistent && tiles > sms ? sms : tiles);
-  kp.tile_counter = dynamic ? counter : nullptr;
-  if (dynamic) {  // (the row statistics kernel writes the turn counters only when deterministic)
-    err = cudaMemsetAsync(counter, 0, sizeof(int32_t), stream);
-    if (err != cudaSuccess) return err;
-  }
+  kp.tile_counter = dynamic ? counter : nullptr;  // zeroed by the row statistics kernel
   auto kernel = &flash_bwd_kernel<T, Softcap, Deterministic, false, Segments, Dense, Dropout>;
   if constexpr (JF_BWD_DYNAMIC && !Deterministic && !T::kUnboundedOnly) {
     if (dynamic) kernel = &flash_bwd_kernel<T, Softcap, false, true, Segments, Dense, Dropout>;
