@@ -75,9 +75,14 @@ class MaskSpec:
         )
 
 
-# The GPU dQ accumulator's padded shape; mirrors dq_accum_rows/cols in flash_params.h.
+def _round_up(x, m):
+    return -(-x // m) * m
+
+
+# The GPU dQ accumulator's padded shape; mirrors dq_accum_rows/cols in flash_params.h (rows: whole
+# 80-row blocks, then a multiple of 128).
 def _dq_accum_shape(B, N, T, H):
-    return (B, N, -(-(-(-T // 80) * 80) // 128) * 128, -(-H // 64) * 64)
+    return (B, N, _round_up(_round_up(T, 80), 128), _round_up(H, 64))
 
 
 # ----------------------------------------------------------------------------- forward
