@@ -1,8 +1,9 @@
 """C++ helpers of cuda/common checked by small programs: the mask helpers the sm90 kernels hoist
 out of their loops (mask.h) against element-by-element visibility (tests/cpp/test_mask.cc), and
 the rules by which the CUDA handlers route optional inputs to the Hopper or the portable kernels
-(flash_params.h; tests/cpp/test_routing.cc), and the Hopper tile schedule's index arithmetic
-(sm90/scheduler.h; tests/cpp/test_scheduler.cc)."""
+(flash_params.h; tests/cpp/test_routing.cc), the Hopper tile schedule's index arithmetic
+(sm90/scheduler.h; tests/cpp/test_scheduler.cc), and the dQ accumulator's padded shape, which
+Python mirrors to size the FFI output (tests/cpp/test_dq_accum.cc)."""
 
 import pathlib
 import shutil
@@ -38,3 +39,16 @@ def test_hopper_routing_of_optional_inputs(tmp_path):
 def test_tile_schedule_index_arithmetic(tmp_path):
     """get_tile's multiply-high divisions give the schedule's (block, head, batch) for every tile."""
     assert " 0 mismatches" in build_and_run(tmp_path, "test_scheduler")
+
+
+def test_dq_accum_shape_mirrors_cpp(tmp_path):
+    """_dq_accum_shape (the FFI output's size) equals dq_accum_rows / dq_accum_cols for every length
+    and head dim the program prints: a smaller buffer would be refused by the launch checks."""
+    from jax_flash._primitives import _dq_accum_shape
+
+    lines = build_and_run(tmp_path, "test_dq_accum").split()
+    got = {(lines[i], int(lines[i + 1])): int(lines[i + 2]) for i in range(0, len(lines), 3)}
+    assert len(got) == 2000 + 320
+    for (kind, n), want in got.items():
+        shape = _dq_accum_shape(1, 1, n, 64) if kind == "rows" else _dq_accum_shape(1, 1, 1, n)
+        assert shape[2 if kind == "rows" else 3] == want, (kind, n)
