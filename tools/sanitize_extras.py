@@ -1,6 +1,9 @@
-"""The Hopper kernels that take optional inputs (segment ids, bias / mask: forward and backward,
-dbias summed over each kind of broadcast axis; dropout; S = 336 takes the TMA-staged bias / mask tiles at H <= 128) on small shapes, for compute-sanitizer on the GPU machine (the harnesses of
-tools/sanitize.sh run the plain kernels only). Checks only jax_flash's kernels:
+"""The Hopper kernels through JAX on small shapes, for compute-sanitizer on the GPU machine: plain
+launches (label "plain": the forward, the backward's row statistics / main / dQ conversion
+kernels, the deterministic mode) and the optional inputs (segment ids, bias / mask: forward and
+backward, dbias summed over each kind of broadcast axis; dropout; S = 336 takes the TMA-staged
+bias / mask tiles at H <= 128). The harnesses of tools/sanitize.sh run the plain kernels without
+JAX. Checks only jax_flash's kernels:
   compute-sanitizer --tool memcheck --error-exitcode 99 --kernel-name kns=jax_flash \
       python3 tools/sanitize_extras.py
   (racecheck likewise; each case's output is also compared with the portable kernels')
@@ -36,8 +39,16 @@ def case(H, T, S, causal, kw, label):
     q = jax.random.normal(ks[0], (2, T, 2, H), jnp.bfloat16)
     k, v = (jax.random.normal(kk, (2, S, 1, H), jnp.bfloat16) for kk in ks[1:])
 
+    def attend(q, k, v, impl):
+        if kw.get("deterministic"):  # flash_attention's option: [..., T, H] operands, no GQA
+            qt, kt, vt = (jnp.swapaxes(x, 1, 2) for x in (q, jnp.repeat(k, 2, 2), jnp.repeat(v, 2, 2)))
+            out = jax_flash.flash_attention(qt, kt, vt, causal=causal, deterministic=True,
+                                            kernel="portable" if impl == "portable" else "auto")
+            return jnp.swapaxes(out, 1, 2)
+        return jax_flash.dot_product_attention(q, k, v, is_causal=causal, implementation=impl, **kw)
+
     def loss(q, k, v, impl):
-        out = jax_flash.dot_product_attention(q, k, v, is_causal=causal, implementation=impl, **kw)
+        out = attend(q, k, v, impl)
         return jnp.sum(out.astype(jnp.float32) * jnp.cos(jnp.arange(H, dtype=jnp.float32)))
 
     res = {impl: jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=3)(q, k, v, impl)
@@ -51,6 +62,9 @@ def case(H, T, S, causal, kw, label):
 rng = np.random.default_rng(0)
 for H in (64, 128, 256):
     T, S = 200, 333
+    for causal in (False, True):
+        case(H, T, S, causal, {}, "plain")
+        case(H, T, S, causal, dict(deterministic=True), "plain deterministic")
     qseg = jnp.asarray(np.sort(rng.integers(0, 4, (2, T))), jnp.int32)
     kseg = jnp.asarray(np.sort(rng.integers(0, 4, (2, S))), jnp.int32)
     for causal in (False, True):

@@ -1260,46 +1260,72 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
 // Row statistics into the padded [batch, heads_q, seqlen_q_rounded] workspaces, and zeros
 // into dq_accum: dsum = rowsum(dO * O) (fp32), lse_log2 = lse * log2(e). Padded rows and rows
 // with no visible key get dsum = 0 and lse_log2 = +inf, so the main kernel's P is 0 there.
-// kG = head_dim / 8 threads per (b, t, h) row, 16-byte loads; 32-bit index math (the host
-// checks the row count).
-// Rows t < rows of each (b, h) (seqlen_q rounded up to kBlockM: what the main kernel reads).
+// One CTA per (64-row block, q head, batch), flattened with the row block fastest: its share
+// of dq_accum is one contiguous 64 * kHeadDim float run (coalesced float4 zeros), of dsum /
+// lse_log2 a contiguous 64-float run. Each thread issues all its O / dO loads (kHeadDim / 8
+// threads per row, 16 bytes each) before the zero stores and the arithmetic. (Before v75 a CTA
+// held 256 / kG (b, t, h) rows, one per head, and took 70 us against FA3's 64 at H=128 1k.)
+// m_blocks: 64-row blocks per (b, h), covering seqlen_q rounded up to kBlockM (what the main
+// kernel reads); their zeroed rows stay inside the workspace (seqlen_q_rounded % 64 == 0).
 // tile_counter: the dynamic schedule's counter, zeroed here (one stream operation fewer than a
 // memset before the main kernel), or nullptr.
+constexpr int kRowStatsRows = 64, kRowStatsThreads = 256;
+
 template <class T>
-__global__ void flash_bwd_row_stats_kernel_sm90(const FlashBwdParams p, int64_t acc_cols, int rows, int* tile_counter) {
+__global__ void __launch_bounds__(kRowStatsThreads) flash_bwd_row_stats_kernel_sm90(const FlashBwdParams p, int m_blocks, int* tile_counter) {
   using Element = typename T::Element;
-  constexpr int kG = T::kHeadDim / 8;
-  static_assert(32 % kG == 0);
-  int const gtid = int(blockIdx.x) * blockDim.x + int(threadIdx.x);
-  int const row = gtid / kG, lane = gtid % kG;
-  // Out-of-range rows stay for the shuffles (whole warps) but touch no memory.
-  bool const valid = row < p.batch * rows * p.heads_q;
-  int const h = row % p.heads_q;
-  int const t = (row / p.heads_q) % rows;
-  int const b = row / (p.heads_q * rows);
-  if (tile_counter != nullptr && gtid == 0) *tile_counter = 0;
-  int64_t const out = row_stats_offset(p, b, h) + t;
-  // This (b, h, t) share of dq_accum: the union over t is the whole (b, h) plane.
-  float4* acc = reinterpret_cast<float4*>(p.dq_accum + out * acc_cols);
-  if (valid)
-    for (int c = lane; c < acc_cols / 4; c += kG) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-  float s = 0.f;
-  if (valid && t < p.seqlen_q && lane * 8 < p.head_dim) {
-    auto const* o = static_cast<Element const*>(p.o) + b * p.o_batch_stride + t * p.o_row_stride + h * p.o_head_stride;
-    auto const* d = static_cast<Element const*>(p.dout) + b * p.do_batch_stride + t * p.do_row_stride + h * p.do_head_stride;
-    auto const ov = *reinterpret_cast<cutlass::Array<Element, 8> const*>(o + lane * 8);
-    auto const dv = *reinterpret_cast<cutlass::Array<Element, 8> const*>(d + lane * 8);
-    CUTLASS_PRAGMA_UNROLL
-    for (int e = 0; e < 8; ++e) s += float(ov[e]) * float(dv[e]);
-  }
+  using Vec = cutlass::Array<Element, 8>;
+  constexpr int kG = T::kHeadDim / 8;  // threads per row
+  static_assert(32 % kG == 0 && kRowStatsThreads % kG == 0);
+  constexpr int kRowsPerPass = kRowStatsThreads / kG;
+  constexpr int kPasses = kRowStatsRows / kRowsPerPass;
+  static_assert(kPasses * kRowsPerPass == kRowStatsRows);
+  // Last CTA first (v76): the main kernel's tile orders start at (b, h) = 0, row block 0, so the
+  // CTAs that finish here last leave those planes' zeroed dq_accum, dsum / lse_log2 and dO in L2
+  // for its first tiles (and the first ones read the O the forward wrote last).
+  int const j = int(gridDim.x) - 1 - int(blockIdx.x);
+  int const m = j % m_blocks, bh = j / m_blocks;  // bh = b * heads_q + h
+  int const h = bh % p.heads_q, b = bh / p.heads_q;
+  int const tid = int(threadIdx.x), lane = tid % kG, r0 = tid / kG;
+  if (tile_counter != nullptr && j == 0 && tid == 0) *tile_counter = 0;
+  int const t0 = m * kRowStatsRows;
+  bool const cols_ok = lane * 8 < p.head_dim;
+  Vec ov[kPasses], dv[kPasses];
+  float lse[kPasses];
   CUTLASS_PRAGMA_UNROLL
-  for (int off = kG / 2; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffff, s, off);
-  if (valid && lane == 0 && p.deterministic && t % 64 == 0)
-    p.dq_semaphore[(int64_t(b) * p.heads_q + h) * (p.seqlen_q_rounded / 64) + t / 64] = 0;
-  if (valid && lane == 0) {
-    float const l = t < p.seqlen_q ? p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + t] : -INFINITY;
-    p.dsum[out] = s;
-    p.lse_log2[out] = l == -INFINITY ? INFINITY : l * 1.44269504088896340736f;
+  for (int i = 0; i < kPasses; ++i) {
+    int const t = t0 + r0 + i * kRowsPerPass;
+    ov[i].clear();
+    dv[i].clear();
+    lse[i] = -INFINITY;
+    if (t < p.seqlen_q) {
+      if (cols_ok) {
+        ov[i] = *reinterpret_cast<Vec const*>(static_cast<Element const*>(p.o) + b * p.o_batch_stride + t * p.o_row_stride +
+                                              h * p.o_head_stride + lane * 8);
+        dv[i] = *reinterpret_cast<Vec const*>(static_cast<Element const*>(p.dout) + b * p.do_batch_stride +
+                                              t * p.do_row_stride + h * p.do_head_stride + lane * 8);
+      }
+      if (lane == 0) lse[i] = p.lse[int64_t(bh) * p.seqlen_q + t];
+    }
+  }
+  int64_t const out0 = int64_t(bh) * p.seqlen_q_rounded + t0;
+  // dq_accum rows are kHeadDim floats (checked at launch).
+  float4* acc = reinterpret_cast<float4*>(p.dq_accum + out0 * T::kHeadDim);
+  CUTLASS_PRAGMA_UNROLL
+  for (int c = tid; c < kRowStatsRows * T::kHeadDim / 4; c += kRowStatsThreads) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (p.deterministic && tid == 0) p.dq_semaphore[int64_t(bh) * (p.seqlen_q_rounded / 64) + m] = 0;
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < kPasses; ++i) {
+    float s = 0.f;
+    CUTLASS_PRAGMA_UNROLL
+    for (int e = 0; e < 8; ++e) s += float(ov[i][e]) * float(dv[i][e]);
+    CUTLASS_PRAGMA_UNROLL
+    for (int off = kG / 2; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffff, s, off);
+    if (lane == 0) {
+      int const r = r0 + i * kRowsPerPass;
+      p.dsum[out0 + r] = s;
+      p.lse_log2[out0 + r] = lse[i] == -INFINITY ? INFINITY : lse[i] * 1.44269504088896340736f;
+    }
   }
 }
 
@@ -1311,7 +1337,11 @@ __global__ void flash_bwd_convert_dq_kernel_sm90(const FlashBwdParams p, int64_t
   using Element = typename T::Element;
   constexpr int kRowStride = T::kHeadDim + 8;  // padded: the scatter spreads over banks
   __shared__ alignas(16) Element tile[T::kBlockM * kRowStride];
-  int const m = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
+  // Last block first (v76): the main kernel's tile orders end at the last (b, h) planes (causal:
+  // with the shortest key blocks, which reach only the last row blocks), so these dq_accum rows
+  // are the ones still in L2.
+  int const m = int(gridDim.x - 1 - blockIdx.x), h = int(gridDim.y - 1 - blockIdx.y), b = int(gridDim.z - 1 - blockIdx.z);
+  int const t = threadIdx.x;
   typename T::TiledMmadQ mma_dq;
   // (row, column) of each fragment value; kdQTransposed fragments are (column, row).
   Tensor c = mma_dq.get_thread_slice(t).partition_C(make_identity_tensor(typename T::ShapedQ{}));

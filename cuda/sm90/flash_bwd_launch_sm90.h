@@ -94,13 +94,15 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   bool const dynamic = JF_BWD_DYNAMIC && !Deterministic && longest_first && counter != nullptr &&
                        p.seqlen_k <= BwdTileConfig<T::kHeadDim>::DynamicCausalMaxS;
   cudaError_t err;
-  {  // row statistics + zeroed dq_accum (and the dynamic schedule's counter), kHeadDim / 8 threads per (b, t, h) row
-    int64_t const threads = int64_t(p.batch) * stats_rows * p.heads_q * (T::kHeadDim / 8);
-    if (threads > 0x7fffffff) return cudaErrorNotSupported;
-    flash_bwd_row_stats_kernel_sm90<T><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, kp.acc_cols, stats_rows,
-                                                                                            dynamic ? counter : nullptr);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
+  {  // row statistics + zeroed dq_accum (and the dynamic schedule's counter), one CTA per 64-row block
+    int const m_blocks = (stats_rows + kRowStatsRows - 1) / kRowStatsRows;
+    int64_t const ctas = int64_t(m_blocks) * p.heads_q * p.batch;
+    if (ctas > 0x7fffffff) return cudaErrorNotSupported;
+    if (ctas > 0) {
+      flash_bwd_row_stats_kernel_sm90<T><<<unsigned(ctas), kRowStatsThreads, 0, stream>>>(p, m_blocks, dynamic ? counter : nullptr);
+      err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+    }
   }
 
   auto mQ = tma_operand<Element>(p.q, p.seqlen_q, p.head_dim, p.heads_q, p.batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
