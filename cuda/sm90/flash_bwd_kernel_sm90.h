@@ -1308,7 +1308,7 @@ __global__ void __launch_bounds__(kRowStatsThreads) flash_bwd_row_stats_kernel_s
       if (lane == 0) lse[i] = p.lse[int64_t(bh) * p.seqlen_q + t];
     }
   }
-  int64_t const out0 = int64_t(bh) * p.seqlen_q_rounded + t0;
+  int64_t const out0 = row_stats_offset(p, b, h) + t0;
   // dq_accum rows are kHeadDim floats (checked at launch).
   float4* acc = reinterpret_cast<float4*>(p.dq_accum + out0 * T::kHeadDim);
   CUTLASS_PRAGMA_UNROLL
