@@ -16,6 +16,23 @@
 
 namespace jax_flash {
 
+// SeqMask of one tile relative to its origin (row0, key0), in 32-bit arithmetic: row row0 + c
+// sees key key0 + d iff visible(c, d), for 0 <= c, d < 2^20 (offsets inside a tile). With the
+// kernels' per-thread base folded in, each element costs two compares against immediates
+// instead of SeqMask::visible's 64-bit interval (NOTES.md v77). Bounds are clamped to +-2^21,
+// which keeps every comparison of in-tile offsets exact.
+struct TileMask {
+  int lo;  // d - c >= lo: the left (window) bound
+  int hi;  // d - c < hi: the right (causal / window) bound
+  int kv;  // d < kv: keys before kv_len
+  int q;   // c < q: rows before q_len
+  JF_HOST_DEVICE bool visible(int c, int d) const { return c < q && d < kv && d - c >= lo && d - c < hi; }
+  // The same mask for offsets from (c0, d0): visible(c0 + c, d0 + d) == from(c0, d0).visible(c, d).
+  // A kernel thread shifts once to its own first element, so that each of its elements compares
+  // compile-time offsets against registers.
+  JF_HOST_DEVICE TileMask from(int c0, int d0) const { return {lo - (d0 - c0), hi - (d0 - c0), kv - d0, q - c0}; }
+};
+
 // The mask of one (batch) sequence pair.
 struct SeqMask {
   int q_len;       // valid query rows
@@ -41,6 +58,16 @@ struct SeqMask {
   }
   JF_HOST_DEVICE bool visible(int64_t i, int64_t j) const {
     return i < q_len && j >= key_lo(i) && j < key_hi(i);
+  }
+  // The tile mask of origin (row0, key0), key0 >= 0 (see TileMask).
+  JF_HOST_DEVICE TileMask tile_mask(int64_t row0, int64_t key0) const {
+    auto clamp = [](int64_t x) { return int(x < -(1 << 21) ? -(1 << 21) : x > (1 << 21) ? (1 << 21) : x); };
+    TileMask t;
+    t.lo = left < 0 ? -(1 << 21) : clamp(row0 + offset - left - key0);
+    t.hi = right < 0 ? (1 << 21) : clamp(row0 + offset + right + 1 - key0);
+    t.kv = clamp(kv_len - key0);
+    t.q = clamp(q_len - row0);
+    return t;
   }
   // Row i's visible keys as offsets from key k0: for 0 <= d < 2^20, key k0 + d is visible iff
   // lo <= d < hi. Clamped to [-1, 2^20] so a tile's element offsets compare as small ints

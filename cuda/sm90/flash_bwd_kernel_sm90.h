@@ -69,7 +69,27 @@
 #define JF_BWD_DKV_BY_ROLE 1
 #endif
 
+// 1: masked steps test each element against the step's TileMask (32-bit compares, mask.h; v77);
+// 0: against SeqMask::visible in 64-bit arithmetic (the A/B baseline).
+#ifndef JF_BWD_TILE_MASK
+#define JF_BWD_TILE_MASK 1
+#endif
+
 namespace jax_flash::sm90 {
+
+// Is this thread's element (i, j) of the masked step's tile at (row0, key0) visible under the
+// interval mask? cS: the thread's (key, row) coordinates; tm: the step's TileMask shifted to
+// cS(0, 0), so that only compile-time offsets vary per element. kTileMask false: SeqMask's 64-bit
+// test (the 80-row kernel, whose only masks are the lengths: its constants keep that cheap, and
+// the TileMask cost it 24 B more spills).
+template <bool kTileMask, class Coords>
+__forceinline__ __device__ bool bwd_visible(SeqMask const& msk, TileMask const& tm, int64_t row0, int64_t key0,
+                                            Coords const& cS, int i, int j) {
+  if constexpr (kTileMask)
+    return tm.visible(int(get<1>(cS(i, j))) - int(get<1>(cS(0, 0))), int(get<0>(cS(i, j))) - int(get<0>(cS(0, 0))));
+  else
+    return msk.visible(row0 + int(get<1>(cS(i, j))), key0 + int(get<0>(cS(i, j))));
+}
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_, int kPolyEvery_ = 0,
           bool kDenseTma_ = false, bool kSdPByRole_ = false>
@@ -887,6 +907,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           // P^T = exp2(S^T * scale_log2 - lse2), element-wise mask only on boundary steps.
           float const* s_lse = ss.lse[rd.index()];
           auto p_tile = [&](auto masked) {
+            TileMask tm{};  // (no segment ids here: static_assert above)
+            if constexpr (decltype(masked)::value)
+              tm = msk.tile_mask(row0, int64_t(n_block) * kBlockN).from(int(get<1>(cR_rc(0, 0))), int(get<0>(cR_rc(0, 0))));
             CUTLASS_PRAGMA_UNROLL
             for (int j = 0; j < kRC; ++j) {
               float const lse2 = s_lse[int(get<1>(cR_rc(0, j)))];
@@ -894,9 +917,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
               for (int i = 0; i < kRK; ++i) {
                 float pr = exp2_at<T::kPolyEvery, decltype(masked)::value>(j * kRK + i, acc_rc(i, j) * scale_log2 - lse2);
                 if constexpr (decltype(masked)::value) {
-                  int64_t const key = n_block * kBlockN + int(get<0>(cR_rc(i, j)));
-                  int64_t const row = row0 + int(get<1>(cR_rc(i, j)));
-                  if (!msk.visible(row, key)) pr = 0.f;  // (no segment ids here: static_assert above)
+                  if (!bwd_visible<bool(JF_BWD_TILE_MASK)>(msk, tm, row0, int64_t(n_block) * kBlockN, cR_rc, i, j)) pr = 0.f;
                 }
                 acc_rc(i, j) = pr;
               }
@@ -995,7 +1016,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         // P^T = exp2(logit * scale_log2 - lse2); element-wise mask only on boundary tiles (the
         // masked variant is a separate loop so the full-tile loop has no branches).
         // tile: the step's DenseTileRead (kDenseTma kernels), else unused.
-        auto prob = [&](auto masked, float x, float lse2, int i, int j, auto const& tile) {
+        constexpr bool kTileMask = JF_BWD_TILE_MASK && !T::kUnboundedOnly;
+        auto prob = [&](auto masked, TileMask const& tm, float x, float lse2, int i, int j, auto const& tile) {
           float arg = x * scale_log2 - lse2;
           bool dense_visible = true;
           if constexpr (T::kDenseTma) {
@@ -1007,10 +1029,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           // Full tiles (lse2 finite) may put part of the exp2s on the FMA pipe.
           float pr = exp2_at<T::kPolyEvery, decltype(masked)::value>(j * kRowsK + i, arg);
           if constexpr (decltype(masked)::value) {
-            int64_t const key = n_block * kBlockN + int(get<0>(cS_rc(i, j)));
-            int64_t const row = row0 + int(get<1>(cS_rc(i, j)));
-            if (!msk.visible(row, key) || !dense_visible) pr = 0.f;
+            if (!bwd_visible<kTileMask>(msk, tm, row0, int64_t(n_block) * kBlockN, cS_rc, i, j) || !dense_visible) pr = 0.f;
             if constexpr (Segments) {  // (indices clamped: rows / keys past the ends are masked above)
+              int64_t const key = n_block * kBlockN + int(get<0>(cS_rc(i, j)));
+              int64_t const row = row0 + int(get<1>(cS_rc(i, j)));
               if (__ldg(q_seg + min(row, int64_t(p.seqlen_q - 1))) != __ldg(kv_seg + min(key, int64_t(p.seqlen_k - 1))))
                 pr = 0.f;
             }
@@ -1023,13 +1045,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           // dS needs tanh' of the logit, so P and dS are formed together once both GEMMs land.
           warpgroup_wait<0>();
           auto p_and_ds = [&](auto masked) {
+            TileMask tm{};
+            if constexpr (decltype(masked)::value && kTileMask)
+              tm = msk.tile_mask(row0, int64_t(n_block) * kBlockN).from(int(get<1>(cS_rc(0, 0))), int(get<0>(cS_rc(0, 0))));
             CUTLASS_PRAGMA_UNROLL
             for (int j = 0; j < kCols; ++j) {
               float const lse2 = s_lse[int(get<1>(cS_rc(0, j)))], d = s_dsum[int(get<1>(cS_rc(0, j)))];
               CUTLASS_PRAGMA_UNROLL
               for (int i = 0; i < kRowsK; ++i) {
                 float const t = tanhf(s_rc(i, j) * kp.softcap_mult);
-                float const pr = prob(masked, t, lse2, i, j, Int<0>{});
+                float const pr = prob(masked, tm, t, lse2, i, j, Int<0>{});
                 s_rc(i, j) = pr;
                 dp_rc(i, j) = pr * (dp_rc(i, j) - d) * (1.f - t * t);
               }
@@ -1040,11 +1065,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           // P^T (in place of S^T) while dP^T is still in flight.
           warpgroup_wait<1>();
           auto p_only = [&](auto masked, auto const& tile) {
+            TileMask tm{};
+            if constexpr (decltype(masked)::value && kTileMask)
+              tm = msk.tile_mask(row0, int64_t(n_block) * kBlockN).from(int(get<1>(cS_rc(0, 0))), int(get<0>(cS_rc(0, 0))));
             CUTLASS_PRAGMA_UNROLL
             for (int j = 0; j < kCols; ++j) {
               float const lse2 = s_lse[int(get<1>(cS_rc(0, j)))];
               CUTLASS_PRAGMA_UNROLL
-              for (int i = 0; i < kRowsK; ++i) s_rc(i, j) = prob(masked, s_rc(i, j), lse2, i, j, tile);
+              for (int i = 0; i < kRowsK; ++i) s_rc(i, j) = prob(masked, tm, s_rc(i, j), lse2, i, j, tile);
             }
           };
           auto p_all = [&](auto const& tile) {

@@ -1,7 +1,8 @@
 // SeqMask's hoisted tile tests (full_keys / full_rows, used by the sm90 kernels once per tile)
 // against tile_full, tile_full against visible() element by element, and keys_from (the
 // per-row interval of the kernels' element-wise masks) against visible(), over random masks
-// (lengths, offsets, causal in both alignments, windows). Built and run by tests/test_mask_cpp.py.
+// (lengths, offsets, causal in both alignments, windows), and tile_mask (the backward's 32-bit
+// element-wise mask) against visible(). Built and run by tests/test_mask_cpp.py.
 #include <cstdio>
 #include <random>
 
@@ -33,6 +34,26 @@ int main() {
             std::printf("keys_from mismatch: q_len %d kv_len %d offset %lld left %d right %d row %d k0 %d d %d: "
                         "interval [%d,%d) brute %d\n",
                         m.q_len, m.kv_len, (long long)m.offset, m.left, m.right, i, k0, d, lo, hi, brute);
+        }
+      }
+    }
+    // tile_mask: every (row, key) of tiles at random origins, padded past both lengths.
+    for (int t = 0; t < 4; ++t) {
+      int const row0 = pick(0, rows), key0 = pick(0, keys);
+      jax_flash::TileMask const tm = m.tile_mask(row0, key0);
+      int const c0 = pick(0, 8), d0 = pick(0, 8);  // a thread's first element
+      jax_flash::TileMask const shifted = tm.from(c0, d0);
+      for (int c = 0; c < 24; ++c) {
+        for (int d = 0; d < 24; ++d) {
+          bool const brute = m.visible(row0 + c, key0 + d);
+          ++checked;
+          if (c >= c0 && d >= d0 && shifted.visible(c - c0, d - d0) != brute && ++failures <= 10)
+            std::printf("TileMask::from mismatch at c %d d %d (c0 %d d0 %d)\n", c, d, c0, d0);
+          if (tm.visible(c, d) != brute && ++failures <= 10)
+            std::printf("tile_mask mismatch: q_len %d kv_len %d offset %lld left %d right %d origin (%d,%d) c %d d %d: "
+                        "tile %d brute %d\n",
+                        m.q_len, m.kv_len, (long long)m.offset, m.left, m.right, row0, key0, c, d, tm.visible(c, d),
+                        brute);
         }
       }
     }
