@@ -90,6 +90,12 @@ __forceinline__ __device__ bool bwd_visible(SeqMask const& msk, TileMask const& 
   else
     return msk.visible(row0 + int(get<1>(cS(i, j))), key0 + int(get<0>(cS(i, j))));
 }
+// The masked step's TileMask at (row0, key0), shifted to this thread's first element cS(0, 0)
+// (the base bwd_visible's offsets count from).
+template <class Coords>
+__forceinline__ __device__ TileMask bwd_tile_mask(SeqMask const& msk, int64_t row0, int64_t key0, Coords const& cS) {
+  return msk.tile_mask(row0, key0).from(int(get<1>(cS(0, 0))), int(get<0>(cS(0, 0))));
+}
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_, int kPolyEvery_ = 0,
           bool kDenseTma_ = false, bool kSdPByRole_ = false>
@@ -909,7 +915,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           auto p_tile = [&](auto masked) {
             TileMask tm{};  // (no segment ids here: static_assert above)
             if constexpr (decltype(masked)::value)
-              tm = msk.tile_mask(row0, int64_t(n_block) * kBlockN).from(int(get<1>(cR_rc(0, 0))), int(get<0>(cR_rc(0, 0))));
+              tm = bwd_tile_mask(msk, row0, int64_t(n_block) * kBlockN, cR_rc);
             CUTLASS_PRAGMA_UNROLL
             for (int j = 0; j < kRC; ++j) {
               float const lse2 = s_lse[int(get<1>(cR_rc(0, j)))];
@@ -1047,7 +1053,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           auto p_and_ds = [&](auto masked) {
             TileMask tm{};
             if constexpr (decltype(masked)::value && kTileMask)
-              tm = msk.tile_mask(row0, int64_t(n_block) * kBlockN).from(int(get<1>(cS_rc(0, 0))), int(get<0>(cS_rc(0, 0))));
+              tm = bwd_tile_mask(msk, row0, int64_t(n_block) * kBlockN, cS_rc);
             CUTLASS_PRAGMA_UNROLL
             for (int j = 0; j < kCols; ++j) {
               float const lse2 = s_lse[int(get<1>(cS_rc(0, j)))], d = s_dsum[int(get<1>(cS_rc(0, j)))];
@@ -1067,7 +1073,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           auto p_only = [&](auto masked, auto const& tile) {
             TileMask tm{};
             if constexpr (decltype(masked)::value && kTileMask)
-              tm = msk.tile_mask(row0, int64_t(n_block) * kBlockN).from(int(get<1>(cS_rc(0, 0))), int(get<0>(cS_rc(0, 0))));
+              tm = bwd_tile_mask(msk, row0, int64_t(n_block) * kBlockN, cS_rc);
             CUTLASS_PRAGMA_UNROLL
             for (int j = 0; j < kCols; ++j) {
               float const lse2 = s_lse[int(get<1>(cS_rc(0, j)))];
