@@ -470,14 +470,23 @@ __device__ void bwd_dq_writer(BwdKernelParams<T> const& kp, typename T::SharedSt
     if (w.done) break;
     SeqMask const msk = make_seq_mask(p, w.t.b);
     BwdStep st = w.first_step(group);
+    // The step's piece of dq_accum: the q head's base once per head, plus the row block's
+    // offset (dq_block_ptr's whole 64-bit chain per step cost ~20 instructions, NOTES.md
+    // session 33).
+    int base_hq = -1;
+    float* head_base = nullptr;
     for (int it = 0; it < w.n_iters; ++it, w.next_step(st)) {
       int const hq = st.hq, m = st.m;
       int const row0 = m * T::kBlockM;
+      if (hq != base_hq) {
+        base_hq = hq;
+        head_base = dq_block_ptr(kp, w.t.b, hq, 0, wg);
+      }
       named_sync(kBwdDQHandoffThreads, kBwdBarDQFull + wg);
       if (leader) {
         int* const sem = dq_counter_ptr(kp, w.t.b, hq, row0);
         if constexpr (Deterministic) dq_wait_turn(sem, dq_turn_of<T>(msk, m, w.t.m_block));
-        bulk_reduce_add_f32(dq_block_ptr(kp, w.t.b, hq, row0, wg), stage, T::kdQStageFloats * sizeof(float));
+        bulk_reduce_add_f32(head_base + row0 * kp.acc_cols, stage, T::kdQStageFloats * sizeof(float));
         tma_store_arrive();
         if constexpr (Deterministic) {
           asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the adds are done, not just read
@@ -895,6 +904,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         constexpr int kRK = decltype(size<0>(cR_rc))::value;  // keys owned by this thread
         Tensor sPt = make_tensor(make_smem_ptr(ss.p.data() + buf * T::kdSSize), typename T::SmemLayoutdSt{});
         Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data() + buf * T::kdSSize), typename T::SmemLayoutdSt{});
+        // The same buffers for the per-thread stmatrix / ldmatrix copies (utils.h).
+        Tensor sPt_copy = smem_tensor_for_copy<typename T::SmemLayoutdSt>(ss.p.data() + buf * T::kdSSize);
+        Tensor sdSt_copy = smem_tensor_for_copy<typename T::SmemLayoutdSt>(ss.ds.data() + buf * T::kdSSize);
         tl.mark(kBwdStart);
         if (wg == 0) {
           bwd_consumer_wait(pipe_q, rd);
@@ -931,7 +943,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           };
           if (full_lo <= row0 && row0 + kBlockM <= full_hi) p_tile(cute::false_type{}); else p_tile(cute::true_type{});
           convert_out(acc, x16);
-          cute::copy(r2s, r2s_thr.retile_S(x16), r2s_thr.partition_D(sPt));
+          cute::copy(r2s, r2s_thr.retile_S(x16), r2s_thr.partition_D(sPt_copy));
         }
         if constexpr (kDeferLastPiece) {
           if (it > 0) flush_held();  // the previous step's last dQ piece (no wgmma in flight here)
@@ -947,7 +959,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           Tensor p16 = make_tensor<Element>(acc.layout());
           auto s2r = make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_role);
           auto s2r_thr = s2r.get_thread_slice(tidx % 128);
-          cute::copy(s2r, s2r_thr.partition_S(sPt), s2r_thr.retile_D(p16));
+          cute::copy(s2r, s2r_thr.partition_S(sPt_copy), s2r_thr.retile_D(p16));
           Tensor p_rc = make_tensor(p16.data(), acc_rowcol(p16.layout()));
           float const* s_dsum = ss.dsum[rd_do.index()];
           CUTLASS_PRAGMA_UNROLL
@@ -957,7 +969,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
             for (int i = 0; i < kRK; ++i) acc_rc(i, j) = float(p_rc(i, j)) * (acc_rc(i, j) - d);
           }
           convert_out(acc, x16);
-          cute::copy(r2s, r2s_thr.retile_S(x16), r2s_thr.partition_D(sdSt));
+          cute::copy(r2s, r2s_thr.retile_S(x16), r2s_thr.partition_D(sdSt_copy));
           fence_async_smem();
         } else {
           bwd_consumer_wait(pipe_do, rd_do);  // (dV's B operand; WG 1 waited for it before dP^T)
@@ -1132,7 +1144,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         // 16-bit accumulators -> smem (keys, rows) view by stmatrix: four 8x8 tiles (a key's 8
         // adjacent query rows each) per instruction, 4 stores per thread instead of 16.
         auto store_tile16 = [&](Element* base, auto const& frag16) {
-          Tensor st = make_tensor(make_smem_ptr(base), typename T::SmemLayoutdSt{});
+          Tensor st = smem_tensor_for_copy<typename T::SmemLayoutdSt>(base);
           auto r2s = make_tiled_copy_C(Copy_Atom<typename T::StoreAtomdS, Element>{}, mma_sdp);
           auto thr = r2s.get_thread_slice(tidx);
           cute::copy(r2s, thr.retile_S(frag16), thr.partition_D(st));

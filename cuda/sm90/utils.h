@@ -133,6 +133,23 @@ __forceinline__ __device__ void wg_tma_store(Frag const& frag16, typename Frag::
   }
 }
 
+// A swizzled smem tensor for per-thread copies (stmatrix / ldmatrix) with the swizzle applied to
+// the offset from ptr, not to the absolute address (cute's position-independent form, as
+// CUTLASS's epilogues use it). ptr must sit on the swizzle's period (1 KB for the 128-byte
+// swizzle), as every ring stage here does. On the address form, a base that changes per step
+// (a ring stage) made the compiler recompute each thread's swizzled addresses every step; here
+// they do not depend on the base. wgmma descriptors keep the address form.
+template <class Layout, class Element>
+__forceinline__ __device__ auto smem_tensor_for_copy(Element* ptr) {
+  auto t = make_tensor(make_smem_ptr(ptr), Layout{});
+  using SwizzleFn = get_swizzle_t<decltype(t)>;
+  if constexpr (SwizzleFn::num_bits == 0) {
+    return t;
+  } else {
+    return make_tensor(make_smem_ptr(ptr), composition(recast_layout<uint8_t, Element>(SwizzleFn{}), Int<0>{}, t.layout()));
+  }
+}
+
 __forceinline__ __device__ float ex2(float x) {
 #ifdef JF_FAKE_EX2  // diagnostic only (wrong results): what the softmax costs without MUFU
   return x * 0.999f;
