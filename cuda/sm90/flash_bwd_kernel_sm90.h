@@ -250,6 +250,9 @@ struct BwdTraits {
   using PipelineStatedO = cutlass::PipelineState<kStagesdO>;
 
   static constexpr int kdSSize = cute::cosize_v<SmemLayoutdS>;
+  // The dS / P stages' per-thread copies take the swizzle relative to the stage base
+  // (smem_tensor_for_copy): every stage must start on the swizzle's 1 KB period.
+  static_assert(kdSSize * sizeof(Element) % 1024 == 0, "dS / P stages on the 1 KB swizzle period");
   static_assert(!kSplitD || cute::cosize_v<SmemLayoutdKV> <= 2 * kdSSize, "dK / dV staging in the P / dS buffers");
   static_assert(!kdKVInDQStage || cute::cosize_v<SmemLayoutdKV> * sizeof(Element) <= kdQStageFloats * sizeof(float),
                 "dK / dV staging in the dQ staging buffer");
