@@ -9,6 +9,11 @@ machine:
         python3 tools/kernel_times.py --impl jax_flash --cells 128:1024:1 64:4096:0 > K.order
     python3 tools/kernel_times.py --report K.csv K.order
 
+--impl takes the benchmark's names (jax_flash.bench._implementations: jax_flash, cudnn, fa3_jax, ...).
+fa3_jax needs the flash-attn3-jax wheel importable: tools/gpu_session.sh installs it under
+/tmp/site, so outside a `gpu_session.sh run` step set PYTHONPATH=/tmp/site (session 34 lost one
+fa3_jax run to that: KeyError 'fa3_jax').
+
 Between calls a marker kernel (a jitted sin over 7 floats) splits the ncu log; the profiler
 runs only around the measured calls (cuProfilerStart / Stop on the primary context).
 More metrics after gpu__time_duration.sum (e.g. smsp__inst_executed.sum,
