@@ -269,6 +269,14 @@ int main(int argc, char** argv) {
       c = {"fp16 lens causal-br", 3, 1000, 1000, 4, 1}; c.bf16 = false; c.causal = true; c.bottom_right = true;
       c.q_lens = {1000, 500, 0}; c.kv_lens = {997, 3, 10}; add(c);
       c = {"fp16 packed-qkv window", 2, 1000, 1000, 2, 2}; c.bf16 = false; c.packed = true; c.wl = 100; c.wr = 30; add(c);
+      // Several tiles per persistent CTA (more tiles than the 132 SMs hold at once): tile
+      // boundaries inside a CTA, the cross-tile step (v80), empty tiles between full ones.
+      c = {"persist nc T2048 S512 gqa4", 4, 2048, 512, 16, 4}; add(c);
+      c = {"persist causal T2048 S2048", 2, 2048, 2048, 16, 16}; c.causal = true; add(c);
+      c = {"persist lens nc T1024 S1024", 8, 1024, 1024, 16, 16};
+      c.q_lens = {1024, 0, 700, 1, 1024, 129, 0, 900}; c.kv_lens = {1024, 5, 0, 1024, 1, 1024, 300, 64}; add(c);
+      c = {"persist softcap30 wl300 T1024", 4, 1024, 1024, 16, 8}; c.softcap = 30.f; c.wl = 300; c.wr = 0; add(c);
+      c = {"fp16 persist causal-br T1024 S3000", 4, 1024, 3000, 16, 8}; c.bf16 = false; c.causal = true; c.bottom_right = true; add(c);
       printf("== H=%d ==\n", H);
       uint64_t seed = 1;
       for (auto& cc : cs) { total++; fails += !run_case(cc, seed++); }
