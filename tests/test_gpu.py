@@ -67,6 +67,14 @@ def test_gpu_features(feature, H, dtype, kernel):
 
 
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("feature", ["causal", "window_causal_offset", "lengths_causal_br"])
+def test_gpu_h64_bounded_long(feature, dtype):
+    """H = 64 with a right bound (causal, window) and more than 1024 keys: the Hopper forward's
+    128-row tiles (TileConfig<64>::ShortCausalMaxS; up to 1024 keys it runs 64-row tiles)."""
+    _case((1, 1500, 2048, 2, 1, 64), feature, dtype, "auto")
+
+
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("feature", ["plain", "softcap", "lengths"])
 def test_gpu_wide_key_blocks(feature, dtype):
     """H = 64 without a right bound and with >= 4096 keys: the Hopper forward's 128 x 192 tiles

@@ -36,15 +36,19 @@ struct TileConfig;
 // ShortCausalM / ShortCausalN / ShortCausalMaxS: causal / right-bounded problems with at most
 // ShortCausalMaxS keys take ShortCausalM x ShortCausalN tiles instead (0 = never). H=64 with
 // 64-row tiles (one consumer WG, two CTAs per SM): causal 1k +7%, 4k +1.5%, but non-causal 16k
-// -10% (NOTES.md v36). Measured and dropped: H=128 on 64 x 64 tiles (-2% at 1k causal, v37);
-// H=64's 64-row tiles for every problem with a 3-stage ring (neutral, v38); H=64 192-row tiles
-// (three consumer WGs at 160 registers, as FA3: 52-80 B of spills, -29% to -36% non-causal, v42).
+// -10% (NOTES.md v36). But under sustained load (back to back at the power cap) the 64-row tiles,
+// reading K / V from L2 twice as often per FLOP, lose: 128-row tiles +3.5% at 1k causal and +5.7%
+// at 4k, against -3.6% / -1.4% in short bursts (v81). H=64 keeps them up to 1k keys only (the 1k
+// burst figure; from 2k on sustained throughput decides). Measured and dropped: H=128 on 64 x 64
+// tiles (-2% at 1k causal, v37); H=64's 64-row tiles for every problem with a 3-stage ring
+// (neutral, v38); H=64 192-row tiles (three consumer WGs at 160 registers, as FA3: 52-80 B of
+// spills, -29% to -36% non-causal, v42).
 // LongN / LongMinS: problems without a right bound (non-causal) and at least LongMinS keys, and
 // no segment ids, take M x LongN tiles instead (0 = never): fewer steps per tile, each with its
 // fixed cost. H=64 with 192 keys (harness, session 17, two passes, non-causal 1k / 4k / 16k):
 // 396 / 453 / 459 -> 367 / 473 / 509 TFLOP/s (-7%, +4.4%, +11%); 160 keys lost everywhere (348 /
 // 435 / 443). Its segment-id kernels spilled 16-196 B, hence not with segment ids.
-// JF_FWD_LONGN64 / JF_FWD_LONGMINS64 override H=64's for experiments.
+// JF_FWD_LONGN64 / JF_FWD_LONGMINS64 / JF_FWD_SHORTCAUSALMAXS64 override H=64's for experiments.
 // LazyMax (FwdTraits::kLazyMax, v64): FA4's lazy row max (threshold 2^8) with the O rescale
 // skipped when no row's max moved. Harness bf16, same run, two passes: H=128 4k non-causal +6%,
 // 1k causal +4.6%, 16k non-causal +7-10%; H=256 4k / 16k non-causal +7.5% / +9%, 1k / 4k causal
@@ -65,13 +69,16 @@ struct TileConfig;
 #ifndef JF_FWD_ARRIVE64
 #define JF_FWD_ARRIVE64 1
 #endif
+#ifndef JF_FWD_SHORTCAUSALMAXS64
+#define JF_FWD_SHORTCAUSALMAXS64 1024
+#endif
 #ifndef JF_FWD_LONGN64
 #define JF_FWD_LONGN64 192
 #endif
 #ifndef JF_FWD_LONGMINS64
 #define JF_FWD_LONGMINS64 4096
 #endif
-template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalN = 128, ShortCausalMaxS = 4096, LongN = JF_FWD_LONGN64, LongMinS = JF_FWD_LONGMINS64, LazyMax = JF_FWD_LAZY64; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
+template <> struct TileConfig<64> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 2048, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 8, PolyEvery = 8, ShortCausalM = 64, ShortCausalN = 128, ShortCausalMaxS = JF_FWD_SHORTCAUSALMAXS64, LongN = JF_FWD_LONGN64, LongMinS = JF_FWD_LONGMINS64, LazyMax = JF_FWD_LAZY64; static constexpr int SchedArrive = JF_FWD_ARRIVE64; };
 template <> struct TileConfig<128> { static constexpr int M = 128, N = 128, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 8, SoftmaxChains = 1, PolyEvery = JF_FWD_POLY128, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, LongN = 0, LongMinS = 0, LazyMax = 8; static constexpr int SchedArrive = JF_FWD_ARRIVE128; };
 template <> struct TileConfig<256> { static constexpr int M = 128, N = 64, Stages = 2, PersistentCausalMaxS = 0, DynamicCausalMaxS = 1 << 30, ChunkMB = 32, SoftmaxChains = 8, PolyEvery = 0, ShortCausalM = 0, ShortCausalN = 0, ShortCausalMaxS = 0, LongN = 0, LongMinS = 0, LazyMax = 8; static constexpr int SchedArrive = 0; };
 

@@ -39,6 +39,10 @@ struct Case {
 // --static-schedule, which keeps the static / one-CTA-per-tile launches for comparison.
 static int32_t* g_tile_counter = nullptr;
 
+// --sustained=SEC: the bench times about SEC seconds of back-to-back launches (at the board's
+// power cap, as a training loop runs) instead of the median of short bursts.
+static double g_sustained = 0;
+
 static bool run_case(const Case& c, uint64_t seed) {
   const bool bf = c.bf16;
   FlashFwdParams p;
@@ -209,6 +213,10 @@ static double bench(int H, int S, bool causal, int reps) {
   p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = H;
   p.tile_counter = g_tile_counter;
   double ms = median_ms([&] { return flash_fwd_sm90(p, 0); }, 3, reps, S <= 1024 ? 10 : 3);
+  if (g_sustained > 0) {  // --sustained=SEC: one back-to-back run of about SEC seconds instead
+    int const calls = std::max(1, int(g_sustained * 1e3 / ms));
+    ms = median_ms([&] { return flash_fwd_sm90(p, 0); }, 0, 1, calls);
+  }
   double flops = 4.0 * B * N * double(S) * S * H / (causal ? 2 : 1);
   cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o); cudaFree(lse);
   return flops / (ms * 1e-3) / 1e12;
@@ -236,6 +244,7 @@ int main(int argc, char** argv) {
     if (!strncmp(argv[i], "--h=", 4)) hdims = {atoi(argv[i] + 4)};
     if (!strncmp(argv[i], "--s=", 4)) only_s = atoi(argv[i] + 4);
     if (!strncmp(argv[i], "--causal=", 9)) only_causal = atoi(argv[i] + 9);
+    if (!strncmp(argv[i], "--sustained=", 12)) g_sustained = atof(argv[i] + 12);
 #ifdef JF_FWD_TIMELINE
     if (!strcmp(argv[i], "--timeline")) {
       CK(cudaMalloc(&sm90::g_fwd_timeline, sm90::kTimelineBytes));
