@@ -279,7 +279,7 @@ int main(int argc, char** argv) {
       c.q_lens = {1000, 500, 0}; c.kv_lens = {997, 3, 10}; add(c);
       c = {"fp16 packed-qkv window", 2, 1000, 1000, 2, 2}; c.bf16 = false; c.packed = true; c.wl = 100; c.wr = 30; add(c);
       // Several tiles per persistent CTA (more tiles than the 132 SMs hold at once): tile
-      // boundaries inside a CTA, the cross-tile step (v80), empty tiles between full ones.
+      // boundaries inside a CTA (what v80's cross-tile step changed), empty tiles among full ones.
       c = {"persist nc T2048 S512 gqa4", 4, 2048, 512, 16, 4}; add(c);
       c = {"persist causal T2048 S2048", 2, 2048, 2048, 16, 16}; c.causal = true; add(c);
       c = {"persist lens nc T1024 S1024", 8, 1024, 1024, 16, 16};
