@@ -177,6 +177,28 @@ def _workspace_ints(batch: int, chunked_len: int, segment_ids: bool) -> int:
     return 4 + 4 * batch * -(-chunked_len // 64) if segment_ids else 1
 
 
+# Mirrors kBwdSplitSlotInts / bwd_split_slots / bwd_workspace_ints (cuda/common/flash_params.h)
+# and JF_BWD_SPLIT_MIN_STEPS (cuda/sm90/flash_bwd_launch_sm90.h).
+_BWD_SPLIT_SLOT_INTS = 4 + 2 * 16384
+_BWD_SPLIT_MIN_STEPS = 32
+
+
+def _bwd_workspace_ints(spec, batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int) -> int:
+    """The Hopper backward's int32 workspace: with segment ids their key-chunk ranges; else, when
+    the launch can split its last round of tiles (no causal / window bound, no extras, not
+    deterministic, enough steps per key-block tile), the tile counter and room for the split
+    tail's partial dK / dV (up to 160 slots of 128 KiB: at most 20 MiB)."""
+    if "q_segment_ids" in spec.extras:
+        return _workspace_ints(batch, seqlen_k, True)
+    split = (spec.window_left < 0 and spec.window_right < 0 and not spec.causal and not spec.deterministic
+             and not spec.extras)
+    # Steps per tile: query row blocks (64 rows or more per block) times the q heads per kv head.
+    split = split and -(-seqlen_q // 64) * (heads_q // heads_kv) >= _BWD_SPLIT_MIN_STEPS
+    tiles = batch * heads_kv * -(-seqlen_k // 64)
+    slots = 0 if tiles <= 64 else min(tiles, 160)
+    return 4 + slots * _BWD_SPLIT_SLOT_INTS if split and slots else 1
+
+
 def _fwd_local_lowering(ctx, *args, spec, platform):
     if platform == "cuda":
         _check_gpu_operands(ctx.avals_in[0])
@@ -241,8 +263,8 @@ def _bwd_local_lowering(ctx, *args, spec, platform):
     dbias = outs[3:] or [jax.core.ShapedArray((0,), jnp.float32)]
     tail = []
     if platform == "cuda":
-        S = ctx.avals_in[1].shape[1]
-        tail = [jax.core.ShapedArray((_workspace_ints(B, S, "q_segment_ids" in spec.extras),), jnp.int32)]
+        S, K = ctx.avals_in[1].shape[1:3]
+        tail = [jax.core.ShapedArray((_bwd_workspace_ints(spec, B, N, K, T, S),), jnp.int32)]
     ctx = ctx.replace(avals_out=[*outs[:3], *workspaces, *dbias, *tail])
     results = list(jax.ffi.ffi_lowering(_ffi.BWD_TARGET)(ctx, *args, **spec.ffi_attrs()))
     i_dbias = 3 + len(workspaces)

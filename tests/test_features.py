@@ -437,6 +437,28 @@ def test_gpu_workspaces_hold_the_segment_ranges(T, S):
         str(4 + 4 * B * -(-T // 64)), str(4 + 4 * B * -(-S // 64)))
 
 
+@pytest.mark.parametrize("T, S, causal, slots", [
+    (2048, 4200, False, 66),   # 66 key chunks of 64, 32 row blocks of 64: room for the split tail
+    (2048, 20000, False, 160),  # at most 160 slots (20 MiB)
+    (1984, 4200, False, 0),    # 31 row blocks: too few steps per tile to split (JF_BWD_SPLIT_MIN_STEPS)
+    (2048, 4096, False, 0),    # 64 key chunks: never more tiles than SMs
+    (2048, 4200, True, 0),     # causal: the dynamic schedule, no split
+])
+def test_gpu_backward_workspace_holds_the_split_tail(T, S, causal, slots):
+    """Without segment ids the Hopper backward's int32 workspace is the tile counter and, for a
+    launch that may split its last round of key-block tiles (NOTES.md v82b), one slot of 4 + 2 *
+    16384 ints (two step counts, two WGs' dK / dV partial sums) per tile of that round, bounded
+    by 160; otherwise a single int."""
+    q, kv = jnp.zeros((1, T, 64), jnp.bfloat16), jnp.zeros((1, S, 64), jnp.bfloat16)
+    f = lambda q: jnp.sum(jax_flash.flash_attention(q, kv, kv, causal=causal).astype(F32))
+    exp = export.export(jax.jit(jax.grad(f)), platforms=["cuda"],
+                        disabled_checks=jax_flash.export_disabled_checks())(q)
+    bwd = [ln for ln in exp.mlir_module().splitlines() if "custom_call @jax_flash_bwd" in ln]
+    assert len(bwd) == 1
+    ints = int(re.findall(r"tensor<(\d+)xi32>", bwd[0].split("->")[-1])[-1])
+    assert ints == (4 + slots * (4 + 2 * 16384) if slots else 1)
+
+
 @pytest.mark.parametrize("feature", list(_GPU_KW))
 def test_gpu_hopper_kernel_with_extras_is_an_error(feature):
     q = jnp.zeros((2, 16, 16), jnp.bfloat16)

@@ -82,6 +82,21 @@ def test_gpu_wide_key_blocks(feature, dtype):
     _case((1, 300, 4099, 2, 1, 64), feature, dtype, "auto")
 
 
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("H,shape,feature", [
+    (128, (1, 2600, 2100, 18, 9), "plain"),   # 153 key-block tiles: 21 in the tail, 66 steps each
+    (128, (1, 700, 4000, 15, 5), "softcap"),  # 160 tiles, 3 q heads per kv head, 33 steps
+    (64, (1, 4100, 4200, 5, 5), "plain"),     # 165 tiles: 33 in the tail
+    (256, (1, 2100, 9000, 2, 1), "plain"),    # 141 tiles of 64 keys (the by-role kernel): 9 in the tail
+])
+def test_gpu_backward_split_tail(H, shape, feature, dtype):
+    """More key-block tiles than SMs without a causal / window bound or lengths, and at least
+    JF_BWD_SPLIT_MIN_STEPS (32) steps per tile: the Hopper backward runs the last round's tiles
+    as a second launch, in pieces whose partial dK / dV meet in the workspace (NOTES.md v82b)."""
+    B, T, S, N, K = shape
+    _case((B, T, S, N, K, H), feature, dtype, "auto")
+
+
 def test_gpu_matches_cpu_backend():
     """Same function on both backends (within bf16 rounding of the output)."""
     q, k, v = random_qkv(5, 2, 190, 211, 4, 2, 64, jnp.bfloat16)

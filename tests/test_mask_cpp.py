@@ -48,7 +48,27 @@ def test_dq_accum_shape_mirrors_cpp(tmp_path):
 
     lines = build_and_run(tmp_path, "test_dq_accum").split()
     got = {(lines[i], int(lines[i + 1])): int(lines[i + 2]) for i in range(0, len(lines), 3)}
+    got = {key: want for key, want in got.items() if not key[0].startswith("bwd_ws")}
     assert len(got) == 2000 + 320
     for (kind, n), want in got.items():
         shape = _dq_accum_shape(1, 1, n, 64) if kind == "rows" else _dq_accum_shape(1, 1, 1, n)
         assert shape[2 if kind == "rows" else 3] == want, (kind, n)
+
+
+def test_bwd_workspace_mirrors_cpp(tmp_path):
+    """_bwd_workspace_ints (the Hopper backward's int32 FFI output) equals bwd_workspace_ints for a
+    launch that may split its last round (non-causal, enough query rows): a smaller buffer would
+    silently turn the split tail off (the handler passes only a workspace of the full size)."""
+    from types import SimpleNamespace
+
+    from jax_flash._primitives import _bwd_workspace_ints
+
+    plain = SimpleNamespace(extras=(), window_left=-1, window_right=-1, causal=False, deterministic=False)
+    lines = build_and_run(tmp_path, "test_dq_accum").split()
+    rows = [(lines[i], int(lines[i + 1]), int(lines[i + 2])) for i in range(0, len(lines), 3)]
+    rows = [r for r in rows if r[0].startswith("bwd_ws")]
+    assert len(rows) == 6 * 207 and any(want > 1 for *_, want in rows) and any(want == 1 for *_, want in rows)
+    for kind, s, want in rows:
+        b, k = map(int, kind.split("_")[2:])
+        assert _bwd_workspace_ints(plain, b, k, k, 4096, s) == want, (b, k, s)
+

@@ -200,6 +200,23 @@ inline int64_t workspace_ints(int batch, int chunked_len, bool segment_ids) {
   return segment_ids ? 4 + 4 * int64_t(batch) * seg_chunks(chunked_len) : 1;
 }
 
+// The sm90 backward's split tail (sm90/flash_bwd_kernel_sm90.h, bwd_static_tile): without segment
+// ids, its int32 workspace (tile_counter) holds, after 4 ints (the dynamic schedule's counter,
+// padding), bwd_split_slots slots of kBwdSplitSlotInts: two step counts (padded to 16 bytes),
+// then two consumer warpgroups' 16384 floats of dK / dV partial sums. A workspace sized for fewer
+// slots is not passed on (no split). Python mirrors this (jax_flash/_primitives.py:
+// _bwd_workspace_ints).
+constexpr int64_t kBwdSplitSlotInts = 4 + 2 * 16384;
+inline int64_t bwd_split_slots(int batch, int heads_kv, int seqlen_k) {
+  int64_t const tiles = int64_t(batch) * heads_kv * ((int64_t(seqlen_k) + 63) / 64);  // >= any kernel's tiles
+  return tiles <= 64 ? 0 : (tiles < 160 ? tiles : 160);
+}
+inline int64_t bwd_workspace_ints(int batch, int heads_kv, int seqlen_k, bool segment_ids) {
+  if (segment_ids) return workspace_ints(batch, seqlen_k, true);
+  int64_t const slots = bwd_split_slots(batch, heads_kv, seqlen_k);
+  return slots > 0 ? 4 + slots * kBwdSplitSlotInts : 1;
+}
+
 // The sm90 backward runs segment ids, or a bias and / or a mask (with dbias; sm90/dense_bwd.h),
 // or dropout, each alone and without softcap or the deterministic mode; segment ids given their
 // workspace (tile_counter, sized by workspace_ints over seqlen_k). The other mixes run on the sm80

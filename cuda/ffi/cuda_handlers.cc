@@ -137,10 +137,13 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.lse_log2 = static_cast<float*>(lse_log2->untyped_data());
   p.dq_semaphore = static_cast<int*>(dq_semaphore->untyped_data());
   p.dq_accum = static_cast<float*>(dq_accum->untyped_data());
-  // Segment ids: the Hopper backward's key-chunk ranges (and its tile counter), when the
-  // lowering sized the workspace for them.
-  if (p.q_segment_ids &&
-      int64_t(seg_workspace->element_count()) >= workspace_ints(p.batch, p.seqlen_k, true))
+  // Segment ids: the Hopper backward's key-chunk ranges (and its tile counter); without them,
+  // the split tail's slots (and the tile counter); each when the lowering sized the workspace
+  // for them (flash_params.h: workspace_ints, bwd_workspace_ints).
+  int64_t const ws_ints = int64_t(seg_workspace->element_count());
+  if (p.q_segment_ids ? ws_ints >= workspace_ints(p.batch, p.seqlen_k, true)
+                      : bwd_split_slots(p.batch, p.heads_kv, p.seqlen_k) > 0 &&
+                            ws_ints >= bwd_workspace_ints(p.batch, p.heads_kv, p.seqlen_k, false))
     p.tile_counter = static_cast<int32_t*>(seg_workspace->untyped_data());
   if (auto e = check_kernel_built(attrs.kernel); e.failure()) return e;
   if (auto e = check_extras_kernel(p, attrs.kernel); e.failure()) return e;

@@ -19,6 +19,7 @@
 
 #include "../common/flash_params.h"
 #include "../common/mask.h"
+#include "../common/red_add.h"
 #include "extras_sm80.h"
 #include "kernel_traits_sm80.h"
 #include "softmax_sm80.h"
@@ -62,35 +63,15 @@ __global__ void flash_bwd_convert_dq_kernel(const FlashBwdParams p, int64_t acc_
   }
 }
 
-// dq_accum[c], dq_accum[c + 1] += x, y (c even: 8-byte aligned; hd % 8 == 0, so both columns
-// are in range or neither is; acc_cols is even: dq_accum_cols rounds to 64). sm_90: one vector
-// reduction; sm_80: two scalar ones.
-__device__ __forceinline__ void red_add_f32x2(float* ptr, float x, float y) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(ptr), "f"(x), "f"(y));
-#else
-  atomicAdd(ptr, x);
-  atomicAdd(ptr + 1, y);
-#endif
-}
-
+// dQ reductions (common/red_add.h): red_add_f32x2 takes dq_accum[c], dq_accum[c + 1] (c even:
+// 8-byte aligned; hd % 8 == 0, so both columns are in range or neither is; acc_cols is even:
+// dq_accum_cols rounds to 64).
 // sm_90: 16-byte dQ reductions after a lane-pair exchange (half the reduction instructions of
 // the 8-byte ones, 2 shuffles per 4 values; fewer spills too: hd128 sm_90 4 / 4 B vs 36 / 60 B).
 // -DJF_SM80_DQ_RED_V4=0 selects the 8-byte reductions (session 12 A/B: harness/bin/test_sm80_new_v2).
 #ifndef JF_SM80_DQ_RED_V4
 #define JF_SM80_DQ_RED_V4 1
 #endif
-__device__ __forceinline__ void red_add_f32x4(float* ptr, float x, float y, float z, float w) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "f"(x), "f"(y), "f"(z), "f"(w));
-#else
-  atomicAdd(ptr, x);
-  atomicAdd(ptr + 1, y);
-  atomicAdd(ptr + 2, z);
-  atomicAdd(ptr + 3, w);
-#endif
-}
-
 template <typename T>
 __device__ __forceinline__ auto offset_tensor(T const& t, int off) {
   return make_tensor(t.data() + off, t.layout());

@@ -46,6 +46,7 @@
 
 #include "../common/dropout_frag.h"
 #include "../common/mask.h"
+#include "../common/red_add.h"
 #include "dense_bwd.h"
 #include "dense_tma.h"
 #include "scheduler.h"
@@ -296,6 +297,23 @@ struct BwdTraits {
   static_assert(kSmemBytes <= 227 * 1024, "sm90 shared memory per block");
 };
 
+// The static schedule's split tail (bwd_static_tile, launch_bwd). Per slot (a tile of the tail)
+// and consumer WG: the steps whose partial dK / dV have been added so far, and
+// kBwdSplitWGFloats floats of those sums (layout: flash_params.h, kBwdSplitSlotInts), zeroed by
+// the row statistics kernel.
+constexpr int kBwdSplitWGFloats = 16384;
+static_assert(kBwdSplitSlotInts == 4 + 2 * kBwdSplitWGFloats);
+struct BwdSplitTail {
+  int tile0 = 0;         // the tail's first tile (the main launch ran the tiles before it)
+  SplitDeal deal;        // its tiles' steps over the CTAs (scheduler.h split_piece)
+  FastDiv by_rows;       // by the row blocks per q head (nm)
+  int* slots = nullptr;  // the workspace's slots (tile_counter + 4)
+  __device__ int* steps_done(int slot, int wg) const { return slots + slot * kBwdSplitSlotInts + wg; }
+  __device__ float* partial(int slot, int wg) const {
+    return reinterpret_cast<float*>(slots + slot * kBwdSplitSlotInts + 4) + wg * kBwdSplitWGFloats;
+  }
+};
+
 template <class Traits>
 struct BwdKernelParams {
   FlashBwdParams p;
@@ -312,6 +330,7 @@ struct BwdKernelParams {
   int* tile_counter;   // dynamic schedule (flash_bwd_kernel<..., Dynamic = true>), else nullptr
   uint32_t* timeline;  // diagnostic builds only (timeline.h, JF_BWD_TIMELINE), else nullptr
   DenseTmaDescs dense;  // Traits::kDenseTma only
+  BwdSplitTail split;   // static schedule: the last round's tiles in pieces (bwd_static_tile)
 };
 
 // Query row blocks [m_min, m_min + nm) that key block n_block can see.
@@ -334,7 +353,12 @@ struct BwdTile {
   TileCoord t;
   int m_min, nm, n_iters;
   bool done;  // past the last tile of this CTA
-  __device__ BwdStep first_step(int group) const { return {t.h * group, m_min}; }
+  BwdStep start;  // the first step: the group's first q head, row block m_min
+  // A piece of a split tile (bwd_static_tile): its steps start later (start) and stop earlier
+  // (n_iters), and its dK / dV are partial sums that meet in slot `slot` of the split workspace
+  // (-1: a whole tile).
+  int slot;
+  __device__ BwdStep first_step() const { return start; }
   // Counting instead of dividing the step index by nm (an integer division per step and warp).
   __device__ void next_step(BwdStep& s) const {
     if (++s.m == m_min + nm) {
@@ -352,28 +376,60 @@ __forceinline__ __device__ BwdTile bwd_tile(BwdKernelParams<T> const& kp, int li
   w.t = get_tile(linear, kp.sched);
   row_block_range<T::kBlockM, T::kBlockN>(make_seq_mask(kp.p, w.t.b), w.t.m_block, w.m_min, w.nm);
   if constexpr (Segments) narrow_rows_to_segments<T::kBlockM, T::kBlockN>(kp.p, w.t.b, w.t.m_block, w.m_min, w.nm);
-  w.n_iters = w.nm * (kp.p.heads_q / kp.p.heads_kv);
+  int const group = kp.p.heads_q / kp.p.heads_kv;
+  w.n_iters = w.nm * group;
+  w.start = {w.t.h * group, w.m_min};
+  w.slot = -1;
   return w;
 }
 
-// The tile of round r for the consumers and dQ writers of a CTA (a linear index; >= num_tiles:
-// none left). Static: round r's tile in snake order. Dynamic (persistent causal launches,
-// BwdTileConfig::DynamicCausalMaxS): the producer claims tiles from a global counter, each once it
-// has issued the previous tile's loads (as the forward's v39), and hands them over through a
-// kTileRing-deep ring in smem: it waits tile_empty, writes the slot, arrives on tile_full
-// (release); every reader thread waits tile_full (acquire), reads, arrives on tile_empty.
-template <class T, bool Dynamic>
+// The dynamic schedule's tile of round r for the consumers and dQ writers of a CTA (a linear
+// index; >= num_tiles: none left). Persistent causal launches (BwdTileConfig::DynamicCausalMaxS):
+// the producer claims tiles from a global counter, each once it has issued the previous tile's
+// loads (as the forward's v39), and hands them over through a kTileRing-deep ring in smem: it
+// waits tile_empty, writes the slot, arrives on tile_full (release); every reader thread waits
+// tile_full (acquire), reads, arrives on tile_empty.
+template <class T>
 __forceinline__ __device__ int bwd_next_tile(typename T::SharedStorage& ss, int r) {
-  if constexpr (!Dynamic) {
-    return snake_tile(r);
+  int const slot = r % T::kTileRing;
+  ss.tile_full[slot].wait((r / T::kTileRing) & 1);
+  int const linear = *reinterpret_cast<int volatile*>(&ss.tile_ring[slot]);
+  ss.tile_empty[slot].arrive();
+  return linear;
+}
+// The static schedule's work of round r for this CTA: round r's tile in snake order. The split
+// tail's launch (Split; launch_bwd: persistent, unbounded mask, no lengths) runs only the tiles
+// that a last round would leave to fewer CTAs than the grid, cut into pieces: their steps
+// (split.deal.tile_units per tile) are dealt out to every CTA as one contiguous range, which covers
+// at most two tiles (round k: piece k). Without it the last round leaves gridDim.x - L CTAs idle
+// for a whole tile (H=128, S=4k: 2048 tiles on 132 SMs; NOTES.md v82, v82b: +1% at 4k / 16k).
+template <class T, bool Segments, bool Split>
+__forceinline__ __device__ BwdTile bwd_static_tile(BwdKernelParams<T> const& kp, int r) {
+  if constexpr (!Split) {
+    return bwd_tile<T, Segments>(kp, snake_tile(r));
   } else {
-    int const slot = r % T::kTileRing;
-    ss.tile_full[slot].wait((r / T::kTileRing) & 1);
-    int const linear = *reinterpret_cast<int volatile*>(&ss.tile_ring[slot]);
-    ss.tile_empty[slot].arrive();
-    return linear;
+    BwdSplitTail const& sp = kp.split;
+    SplitPiece const pc = split_piece(sp.deal, int(blockIdx.x), r);
+    if (r > 1 || pc.s1 <= pc.s0) {
+      BwdTile none{};
+      none.done = true;
+      return none;
+    }
+    BwdTile w = bwd_tile<T, Segments>(kp, sp.tile0 + pc.tile);
+    int const hq_off = sp.by_rows.div(pc.s0);  // every tile has nm = tile_units / group here
+    w.start = {w.start.hq + hq_off, w.m_min + (pc.s0 - hq_off * w.nm)};
+    w.n_iters = pc.s1 - pc.s0;
+    w.slot = w.n_iters < sp.deal.tile_units ? pc.tile : -1;
+    return w;
   }
 }
+// Consumers, dQ writers and the dense tile loader: round r's tile on either schedule.
+template <class T, bool Segments, bool Dynamic, bool Split>
+__forceinline__ __device__ BwdTile bwd_round_tile(BwdKernelParams<T> const& kp, typename T::SharedStorage& ss, int r) {
+  if constexpr (Dynamic) return bwd_tile<T, Segments>(kp, bwd_next_tile<T>(ss, r));
+  else return bwd_static_tile<T, Segments, Split>(kp, r);
+}
+
 // Reader threads per hand-off: both consumer WGs, the key split's two dQ writer warps and
 // (kDenseTma) the dense tile loader warp.
 template <class T>
@@ -453,26 +509,71 @@ __forceinline__ __device__ void bulk_reduce_add_f32(float* gmem, float const* sm
 #endif
 }
 
+// A piece of a split tile (BwdTile::slot >= 0): this WG's partial dK / dV (fragments a and b;
+// b empty when the WG holds one accumulator, kdKVByRole) are reduce-added into the slot, and the
+// WG whose steps complete the tile's count gets the sums back in a and b and stores them; the
+// others store nothing. Returns whether this WG stores. Fragment order (dq_frag_offset's): each
+// warp's 16-byte reductions cover 512 contiguous bytes. No wgmma may be in flight (the branch on
+// the count is not provably uniform).
+template <class T, class FragA, class FragB>
+__forceinline__ __device__ bool bwd_piece_combine(BwdKernelParams<T> const& kp, int slot, int steps, int wg, int tidx,
+                                                  FragA& a, FragB&& b) {
+  constexpr int kA = decltype(size(a))::value;
+  constexpr int kB = [] {
+    if constexpr (std::is_same_v<std::decay_t<FragB>, std::nullptr_t>) return 0;
+    else return int(decltype(size(std::declval<std::decay_t<FragB>&>()))::value);
+  }();
+  static_assert(kA % 4 == 0 && kB % 4 == 0 && (kA + kB) * 128 <= kBwdSplitWGFloats, "split slot too small");
+  int const t = tidx % 128;
+  float* const ws = kp.split.partial(slot, wg) + t * 4;
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < kA; i += 4) red_add_f32x4(ws + i * 128, a(i), a(i + 1), a(i + 2), a(i + 3));
+  if constexpr (kB > 0) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kB; i += 4) red_add_f32x4(ws + (kA + i) * 128, b(i), b(i + 1), b(i + 2), b(i + 3));
+  }
+  __threadfence();  // (release) the adds before the count, as CUDA's threadFenceReduction sample
+  named_sync(128, kBwdBarEpilogue + wg);
+  int done = 0;
+  if (t == 0) done = atomicAdd(kp.split.steps_done(slot, wg), steps) + steps;
+  bool const last = named_sync_or(128, kBwdBarEpilogue + wg, done == kp.split.deal.tile_units);
+  if (last) {
+    __threadfence();  // (acquire) the other pieces' adds; L2 reads below, past the SM's L1
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kA; i += 4) {
+      float4 const v = __ldcg(reinterpret_cast<float4 const*>(ws + i * 128));
+      a(i) = v.x, a(i + 1) = v.y, a(i + 2) = v.z, a(i + 3) = v.w;
+    }
+    if constexpr (kB > 0) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kB; i += 4) {
+        float4 const v = __ldcg(reinterpret_cast<float4 const*>(ws + (kA + i) * 128));
+        b(i) = v.x, b(i + 1) = v.y, b(i + 2) = v.z, b(i + 3) = v.w;
+      }
+    }
+  }
+  return last;
+}
+
 // Key split: the writer warp of consumer WG wg. Each staged dQ fragment goes into dq_accum with
 // one bulk reduce-add issued here, so the consumers never wait for the bulk engine: they only
 // sync on kBwdBarDQEmpty before restaging, a step later. The writer walks the same tile / step
 // sequence as the consumers (bwd_tile), so only the fragment passes through smem.
 // Deterministic: the turn wait is here too, off the consumers' path.
-template <class T, bool Deterministic, bool Dynamic, bool Segments>
+template <class T, bool Deterministic, bool Dynamic, bool Segments, bool Split>
 __device__ void bwd_dq_writer(BwdKernelParams<T> const& kp, typename T::SharedStorage& ss, int wg) {
   FlashBwdParams const& p = kp.p;
   float const* stage = ss.dq.data() + wg * T::kdQStageFloats;
   bool const leader = threadIdx.x % 32 == 0;
-  int const group = p.heads_q / p.heads_kv;
   // Starts empty. kdKVInDQStage: a tile's first handoff waits for the previous epilogue's stores
   // instead, and the epilogue takes the arrival of the tile's last reduce, so each arrival still
   // meets exactly one consumer sync (a second arrival before it would break the barrier).
   if constexpr (!T::kdKVInDQStage) named_arrive(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);
   for (int r = 0;; ++r) {
-    BwdTile const w = bwd_tile<T, Segments>(kp, bwd_next_tile<T, Dynamic>(ss, r));
+    BwdTile const w = bwd_round_tile<T, Segments, Dynamic, Split>(kp, ss, r);
     if (w.done) break;
     SeqMask const msk = make_seq_mask(p, w.t.b);
-    BwdStep st = w.first_step(group);
+    BwdStep st = w.first_step();
     // The step's piece of dq_accum: the q head's base once per head, plus the row block's
     // offset (dq_block_ptr's whole 64-bit chain per step cost ~20 instructions, NOTES.md
     // session 33).
@@ -519,12 +620,11 @@ __forceinline__ __device__ uint8_t* bwd_dense_stage(typename T::SharedStorage& s
 // of the step. Walks the same tile / step sequence as the consumers (bwd_tile).
 template <class T, bool Dynamic>
 __device__ void bwd_dense_loader(BwdKernelParams<T> const& kp, typename T::SharedStorage& ss) {
-  int const group = kp.p.heads_q / kp.p.heads_kv;
   int count = 0;  // steps issued
   for (int r = 0;; ++r) {
-    BwdTile const w = bwd_tile<T, false>(kp, bwd_next_tile<T, Dynamic>(ss, r));
+    BwdTile const w = bwd_round_tile<T, false, Dynamic, false>(kp, ss, r);
     if (w.done) break;
-    BwdStep st = w.first_step(group);
+    BwdStep st = w.first_step();
     for (int it = 0; it < w.n_iters; ++it, w.next_step(st), ++count) {
       CUTLASS_PRAGMA_UNROLL
       for (int wg = 0; wg < T::kMmaWGs; ++wg) {
@@ -553,8 +653,11 @@ __forceinline__ __device__ void bwd_consumer_wait(Pipe& pipe, State& st) {
 // every step, or (Traits::kDenseTma) from the WG's smem tile, the interval rule on boundary steps
 // only.
 // Dropout: attention dropout (common/dropout_frag.h), without the other optional inputs.
+// SplitTail: the static schedule's last round in pieces, as a launch of its own after the whole
+// rounds (bwd_static_tile; plain and softcap launches that split; its own instantiation, so the
+// main launch keeps its register allocation: in one kernel the split cost 4-5%, NOTES.md v82).
 template <class Traits, bool Softcap, bool Deterministic, bool Dynamic = false, bool Segments = false,
-          bool Dense = false, bool Dropout = false>
+          bool Dense = false, bool Dropout = false, bool SplitTail = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_constant__ const BwdKernelParams<Traits> kp) {
   using T = Traits;
   using Element = typename T::Element;
@@ -564,6 +667,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   FlashBwdParams const& p = kp.p;
   static_assert(!(Dense && (Softcap || Deterministic || Segments)), "bias / mask run without these (routing)");
   static_assert(!(Dropout && (Softcap || Deterministic || Segments || Dense)), "dropout runs alone (routing)");
+  static_assert(!SplitTail || !(Dynamic || Deterministic || Segments || Dense || Dropout), "split tail: plain / softcap");
 
   int const warp_group = __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0);
   int const warp_in_wg = __shfl_sync(0xffffffff, (int(threadIdx.x) / 32) % 4, 0);
@@ -603,7 +707,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   ppdo.transaction_bytes = pp.transaction_bytes;
   typename T::PipelinedO pipe_do(ss.pipe_do, ppdo, Shape<_1, _1, _1>{});
   __syncthreads();
-  int const group = p.heads_q / p.heads_kv;
 
   // Tiles of this CTA: blockIdx.x, then (persistent launch) one per round in snake order.
   // Tiles with no visible row load nothing and store zero dK / dV; `loaded` counts the others,
@@ -640,7 +743,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
           *reinterpret_cast<int volatile*>(&ss.tile_ring[slot]) = claimed;
           ss.tile_full[slot].arrive();
         }
-        BwdTile const w = bwd_tile<T, Segments>(kp, Dynamic ? claimed : snake_tile(r));
+        BwdTile const w = Dynamic ? bwd_tile<T, Segments>(kp, claimed) : bwd_static_tile<T, Segments, SplitTail>(kp, r);
         if (w.done) break;
         TileCoord const t = w.t;
         int const n_iters = w.n_iters;
@@ -657,7 +760,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
              ck.partition_S(gK), ck.partition_D(sK));
         copy(kp.tma_v.with(reinterpret_cast<BarrierT&>(ss.barrier_kv), 0, TMA::CacheHintSm90::EVICT_FIRST),
              cv.partition_S(gV), cv.partition_D(sV));
-        BwdStep st = w.first_step(group);
+        BwdStep st = w.first_step();
         for (int it = 0; it < n_iters; ++it, w.next_step(st)) {
           int const hq = st.hq, m = st.m;
           Tensor gQ = local_tile(mQ(_, _, hq, t.b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));
@@ -683,7 +786,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       pipe_q.producer_tail(wr);
       pipe_do.producer_tail(wr_do);
     } else if (!T::kSplitD && (warp_in_wg == 1 || warp_in_wg == 2)) {
-      bwd_dq_writer<T, Deterministic, Dynamic, Segments>(kp, ss, warp_in_wg - 1);
+      bwd_dq_writer<T, Deterministic, Dynamic, Segments, SplitTail>(kp, ss, warp_in_wg - 1);
     } else if (T::kDenseTma && warp_in_wg == 3) {
       bwd_dense_loader<T, Dynamic>(kp, ss);
     }
@@ -798,7 +901,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     named_arrive(kBwdDQHandoffThreads, kBwdBarDQFull + wg);
   };
   for (int r = 0;; ++r) {
-    BwdTile const w = bwd_tile<T, Segments>(kp, bwd_next_tile<T, Dynamic>(ss, r));
+    BwdTile const w = bwd_round_tile<T, Segments, Dynamic, SplitTail>(kp, ss, r);
     if (w.done) break;
     int const n_block = w.t.m_block, h_kv = w.t.h, b = w.t.b;
     SeqMask msk = make_seq_mask(p, b);
@@ -995,7 +1098,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         }
         dq_step_tail(buf, hq, m);
       };
-      BwdStep st = w.first_step(group);
+      BwdStep st = w.first_step();
       CUTLASS_PRAGMA_NO_UNROLL
       for (int it = 0; it < n_iters; ++it, w.next_step(st)) {
         int const hq = st.hq, m = st.m;
@@ -1243,6 +1346,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     // Epilogue: dK = scale * dS^T Q, dV; keys past seqlen_k (and columns past head_dim) are dropped.
     // This WG's 64 keys x kdKVCols: dV then dK through its smem buffer, one TMA store each (the
     // per-element stores were ~6% of the stall samples at H=128 4k causal, NOTES.md v27).
+    // A piece of a split tile: its partial sums meet the tile's other pieces' in the split
+    // workspace, and only the WG that completes the tile stores (every barrier below is kept).
+    bool store_kv = true;
+    if constexpr (SplitTail) {
+      if (w.slot >= 0) {
+        if constexpr (T::kdKVByRole) store_kv = bwd_piece_combine(kp, w.slot, n_iters, wg, tidx, tdVrdV, nullptr);
+        else store_kv = bwd_piece_combine(kp, w.slot, n_iters, wg, tidx, tdVrdV, tdKrdK);
+      }
+    }
     if constexpr (Dropout) {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(tdVrdV); ++i) tdVrdV(i) *= p.dropout_scale;
@@ -1266,11 +1378,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       Element* const buf = wg == 0 ? ss.p.data() : ss.ds.data();
       static_assert(2 * decltype(size(frag))::value == decltype(size(rX))::value, "two halves per WG");
       auto const& tma = wg == 0 ? kp.tma_dv : kp.tma_dk;
-      CUTLASS_PRAGMA_UNROLL
-      for (int half = 0; half < 2; ++half) {
-        wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(
-            make_tensor(rX.data() + half * size(frag), frag), buf, tma, [&] { return gtile(tma, n_block, half); },
-            kBwdBarEpilogue + wg, tidx);
+      if (store_kv) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(
+              make_tensor(rX.data() + half * size(frag), frag), buf, tma, [&] { return gtile(tma, n_block, half); },
+              kBwdBarEpilogue + wg, tidx);
+        }
       }
       if (tidx % 128 == 0) cute::tma_store_wait<0>();  // the next tile's first step writes P / dS here
       named_sync(T::kMmaThreads, kBwdBarDS);
@@ -1293,10 +1407,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     auto own_tile = [&](auto const& tma) {
       return gtile(tma, n_block * (kBlockN / 64) + (T::kSplitD ? 0 : wg), T::kSplitD ? wg : 0);
     };
-    wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(
-        make_tensor(rdV.data(), frag), buf, kp.tma_dv, [&] { return own_tile(kp.tma_dv); }, kBwdBarEpilogue + wg, tidx);
-    wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(
-        make_tensor(rdK.data(), frag), buf, kp.tma_dk, [&] { return own_tile(kp.tma_dk); }, kBwdBarEpilogue + wg, tidx);
+    if (store_kv) {
+      wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(
+          make_tensor(rdV.data(), frag), buf, kp.tma_dv, [&] { return own_tile(kp.tma_dv); }, kBwdBarEpilogue + wg, tidx);
+      wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(
+          make_tensor(rdK.data(), frag), buf, kp.tma_dk, [&] { return own_tile(kp.tma_dk); }, kBwdBarEpilogue + wg, tidx);
+    }
     if constexpr (T::kSplitD) {
       // The next tile's first step writes P / dS here: the stores must have read them.
       if (tidx % 128 == 0) cute::tma_store_wait<0>();
@@ -1317,11 +1433,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
 // m_blocks: 64-row blocks per (b, h), covering seqlen_q rounded up to kBlockM (what the main
 // kernel reads); their zeroed rows stay inside the workspace (seqlen_q_rounded % 64 == 0).
 // tile_counter: the dynamic schedule's counter, zeroed here (one stream operation fewer than a
-// memset before the main kernel), or nullptr.
+// memset before the main kernel), or nullptr. split_zero: the split tail's slots in use
+// (split_vec4s 16-byte words), zeroed here too.
 constexpr int kRowStatsRows = 64, kRowStatsThreads = 256;
 
 template <class T>
-__global__ void __launch_bounds__(kRowStatsThreads) flash_bwd_row_stats_kernel_sm90(const FlashBwdParams p, int m_blocks, int* tile_counter) {
+__global__ void __launch_bounds__(kRowStatsThreads) flash_bwd_row_stats_kernel_sm90(const FlashBwdParams p, int m_blocks, int* tile_counter,
+                                                                                      int4* split_zero, int split_vec4s) {
   using Element = typename T::Element;
   using Vec = cutlass::Array<Element, 8>;
   constexpr int kG = T::kHeadDim / 8;  // threads per row
@@ -1337,6 +1455,8 @@ __global__ void __launch_bounds__(kRowStatsThreads) flash_bwd_row_stats_kernel_s
   int const h = bh % p.heads_q, b = bh / p.heads_q;
   int const tid = int(threadIdx.x), lane = tid % kG, r0 = tid / kG;
   if (tile_counter != nullptr && j == 0 && tid == 0) *tile_counter = 0;
+  for (int64_t i = int64_t(blockIdx.x) * kRowStatsThreads + tid; i < split_vec4s; i += int64_t(gridDim.x) * kRowStatsThreads)
+    split_zero[i] = make_int4(0, 0, 0, 0);
   int const t0 = m * kRowStatsRows;
   bool const cols_ok = lane * 8 < p.head_dim;
   Vec ov[kPasses], dv[kPasses];

@@ -31,6 +31,18 @@ struct BwdTileConfig;
 #ifndef JF_BWD_DYNAMIC
 #define JF_BWD_DYNAMIC 1
 #endif
+// Split tail (NOTES.md v82, v82b): a persistent static launch whose tiles leave a part-empty last
+// round runs that round as a second launch that deals its steps out to every CTA
+// (flash_bwd_kernel<..., SplitTail = true>). JF_BWD_SPLIT_TAIL=0 builds without it (A/B).
+// JF_BWD_SPLIT_MIN_STEPS: tiles of fewer steps keep the part-empty round, where the second
+// launch's fixed cost (kernel boundary, the pieces' prologue and reduce-adds) outweighs it
+// (H=128, H100 harness: 13 steps -2.7%, 52 steps +0.9%, 205 steps +1.1%).
+#ifndef JF_BWD_SPLIT_TAIL
+#define JF_BWD_SPLIT_TAIL 1
+#endif
+#ifndef JF_BWD_SPLIT_MIN_STEPS
+#define JF_BWD_SPLIT_MIN_STEPS 32
+#endif
 #ifndef JF_BWD_DYN_MAXS64
 #define JF_BWD_DYN_MAXS64 4096
 #endif
@@ -93,18 +105,6 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   int* const counter = p.tile_counter ? p.tile_counter : has_turn_counter ? p.dq_semaphore : nullptr;
   bool const dynamic = JF_BWD_DYNAMIC && !Deterministic && longest_first && counter != nullptr &&
                        p.seqlen_k <= BwdTileConfig<T::kHeadDim>::DynamicCausalMaxS;
-  cudaError_t err;
-  {  // row statistics + zeroed dq_accum (and the dynamic schedule's counter), one CTA per 64-row block
-    int const m_blocks = (stats_rows + kRowStatsRows - 1) / kRowStatsRows;
-    int64_t const ctas = int64_t(m_blocks) * p.heads_q * p.batch;
-    if (ctas > 0x7fffffff) return cudaErrorNotSupported;
-    if (ctas > 0) {
-      flash_bwd_row_stats_kernel_sm90<T><<<unsigned(ctas), kRowStatsThreads, 0, stream>>>(p, m_blocks, dynamic ? counter : nullptr);
-      err = cudaGetLastError();
-      if (err != cudaSuccess) return err;
-    }
-  }
-
   auto mQ = tma_operand<Element>(p.q, p.seqlen_q, p.head_dim, p.heads_q, p.batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
   auto mdO = tma_operand<Element>(p.dout, p.seqlen_q, p.head_dim, p.heads_q, p.batch, p.do_row_stride, p.do_head_stride,
                                   p.do_batch_stride);
@@ -146,13 +146,51 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   kp.sched = make_tile_schedule(n_blocks, p.heads_kv * p.batch, p.heads_kv, heads_per_l2_chunk(qdo_bytes), int(tiles),
                                 longest_first ? TileOrder::kFirstBlockLongest : TileOrder::kByHead);
   int sms = 0;
-  err = sm_count(&sms);
+  cudaError_t err = sm_count(&sms);
   if (err != cudaSuccess) return err;
   // Deterministic: a CTA waits for the lower key blocks' dQ turns, so those must have been
   // launched already: one CTA per tile, in tile order.
   bool const persistent = dynamic || (!longest_first && !p.deterministic);
   int const grid = int(persistent && tiles > sms ? sms : tiles);
   kp.tile_counter = dynamic ? counter : nullptr;  // zeroed by the row statistics kernel
+  // Split tail (bwd_static_tile): a persistent static launch whose tiles leave a last round of
+  // rest < grid tiles runs the whole rounds, then a second launch (the SplitTail instantiation)
+  // with the rest cut into pieces over every CTA. Only where each tile has the same steps (no
+  // causal / window bound, no lengths) and the caller's workspace has the slots. A launch of its
+  // own, because the pieces' code costs the main loop registers (one kernel for both: 4-5% slower,
+  // NOTES.md v82). (Instantiated only for the traits that run unbounded launches.)
+  using C = BwdTileConfig<T::kHeadDim>;
+  constexpr bool kSplitKernel = JF_BWD_SPLIT_TAIL && !Deterministic && !Segments && !Dense && !Dropout &&
+                                (Softcap ? T::kBlockM == C::M && !T::kSdPByRole
+                                         : T::kBlockM == C::UnboundedM && T::kSdPByRole == C::SdPByRole);
+  int split_vec4s = 0;
+  if constexpr (kSplitKernel) {
+    int64_t const rest = grid > 0 ? tiles % grid : 0;
+    int64_t const tile_units = int64_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM) * (p.heads_q / p.heads_kv);
+    bool const uniform = p.window_left < 0 && p.window_right < 0 && p.q_lens == nullptr && p.kv_lens == nullptr;
+    if (persistent && !dynamic && !p.deterministic && uniform && tiles > grid && rest > 0 &&
+        tile_units >= JF_BWD_SPLIT_MIN_STEPS &&
+        p.tile_counter != nullptr && p.q_segment_ids == nullptr &&
+        rest <= bwd_split_slots(p.batch, p.heads_kv, p.seqlen_k) && rest * tile_units <= 0x7fffffff) {
+      kp.split.tile0 = int(tiles - rest);
+      kp.split.deal = make_split_deal(rest, int(tile_units), grid);
+      kp.split.by_rows = FastDiv(int(tile_units / (p.heads_q / p.heads_kv)));
+      kp.split.slots = p.tile_counter + 4;
+      split_vec4s = int(rest * kBwdSplitSlotInts / 4);
+    }
+  }
+  {  // row statistics + zeroed dq_accum (and the dynamic schedule's counter), one CTA per 64-row block
+    int const m_blocks = (stats_rows + kRowStatsRows - 1) / kRowStatsRows;
+    int64_t const ctas = int64_t(m_blocks) * p.heads_q * p.batch;
+    if (ctas > 0x7fffffff) return cudaErrorNotSupported;
+    if (ctas > 0) {
+      flash_bwd_row_stats_kernel_sm90<T><<<unsigned(ctas), kRowStatsThreads, 0, stream>>>(
+          p, m_blocks, dynamic ? counter : nullptr, reinterpret_cast<int4*>(kp.split.slots), split_vec4s);
+      err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+    }
+  }
+
   auto kernel = &flash_bwd_kernel<T, Softcap, Deterministic, false, Segments, Dense, Dropout>;
   if constexpr (JF_BWD_DYNAMIC && !Deterministic && !T::kUnboundedOnly) {
     if (dynamic) kernel = &flash_bwd_kernel<T, Softcap, false, true, Segments, Dense, Dropout>;
@@ -160,9 +198,21 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   constexpr int smem = T::kSmemBytes;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(unsigned(grid)), dim3(T::kThreads), smem, stream>>>(kp);
+  BwdKernelParams<T> kp_main = kp;
+  if (split_vec4s > 0) kp_main.sched.num_tiles = kp.split.tile0;  // the whole rounds only
+  kernel<<<dim3(unsigned(grid)), dim3(T::kThreads), smem, stream>>>(kp_main);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
+  if constexpr (kSplitKernel) {
+    if (split_vec4s > 0) {
+      auto const tail = &flash_bwd_kernel<T, Softcap, false, false, false, false, false, true>;
+      err = cudaFuncSetAttribute(tail, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (err != cudaSuccess) return err;
+      tail<<<dim3(unsigned(grid)), dim3(T::kThreads), smem, stream>>>(kp);
+      err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+    }
+  }
 
   int const m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
   flash_bwd_convert_dq_kernel_sm90<T><<<dim3(unsigned(m_blocks), unsigned(p.heads_q), unsigned(p.batch)), T::kMmaThreads, 0, stream>>>(

@@ -99,6 +99,30 @@ JF_HOST_DEVICE TileCoord get_tile(int linear, TileSchedule const& s) {
   return t;
 }
 
+// The split tail's deal (sm90 backward, NOTES.md v82): the steps of the tail's tiles, tile_units
+// each, numbered tile-major, go out to the CTAs as contiguous ranges: CTA c takes per_cta of them,
+// one more if c < extra, from c * per_cta + min(c, extra) on (per_cta, extra: the total's quotient
+// and remainder by the CTAs). A range covers at most two tiles when it holds no more steps than a
+// tile, so a CTA runs piece k = 0, 1: steps [s0, s1) of the tail's tile `tile` (none: s1 <= s0).
+struct SplitDeal {
+  int per_cta, extra, tile_units;
+  FastDiv by_tile_units;
+};
+struct SplitPiece {
+  int tile, s0, s1;
+};
+inline SplitDeal make_split_deal(int64_t tiles, int tile_units, int ctas) {
+  int64_t const units = tiles * tile_units;  // < 2^31 (launch_bwd checks)
+  return {int(units / ctas), int(units % ctas), tile_units, FastDiv(tile_units)};
+}
+JF_HOST_DEVICE SplitPiece split_piece(SplitDeal const& d, int cta, int k) {
+  int const u0 = cta * d.per_cta + (cta < d.extra ? cta : d.extra);
+  int const u1 = u0 + d.per_cta + (cta < d.extra ? 1 : 0);
+  int const j = d.by_tile_units.div(u0) + k;
+  int const s0 = u0 - j * d.tile_units, s1 = u1 - j * d.tile_units;
+  return {j, s0 > 0 ? s0 : 0, s1 < d.tile_units ? s1 : d.tile_units};
+}
+
 // Tile of round r for this CTA. Rounds alternate direction (snake) so that, with tiles sorted
 // longest-first, every persistent CTA gets a similar total amount of work. With
 // gridDim.x == number of tiles (non-persistent launch) this is just blockIdx.x.

@@ -89,6 +89,17 @@ __forceinline__ __device__ void named_arrive(int threads, int id) {
   cutlass::arch::NamedBarrier::arrive(threads, id);
   asm volatile("" ::: "memory");
 }
+// named_sync that also ORs a predicate over the participating threads (bar.red.or), at the
+// hardware id cutlass's NamedBarrier would use for id.
+__forceinline__ __device__ bool named_sync_or(int threads, int id, bool pred) {
+  uint32_t any;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(any)
+      : "r"(uint32_t(pred)), "r"(id + int(cutlass::arch::NamedBarrier::ReservedNamedBarrierCount)), "r"(threads)
+      : "memory");
+  return any != 0;
+}
 // Generic-proxy smem writes made visible to the async proxy (TMA / bulk copies, wgmma operands);
 // with a memory clobber, unlike cutlass::arch::fence_view_async_shared.
 __forceinline__ __device__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

@@ -1,7 +1,8 @@
 // The sm90 tile schedule's index arithmetic (cuda/sm90/scheduler.h), built and run on the host by
 // tests/test_mask_cpp.py: FastDiv against integer division, and get_tile against the schedule's
 // definition (a bijection from tile indices to (block, head, batch), longest blocks first by
-// chunks of heads) written with plain division.
+// chunks of heads) written with plain division, and the backward split tail's deal (split_piece:
+// every step of the tail's tiles in exactly one piece, at most two pieces per CTA).
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -59,6 +60,22 @@ int main() {
       char& c = seen[(size_t(a.b) * heads + a.h) * nb + a.m_block];
       if (c++) ++mismatches;  // two indices, one tile
     }
+  }
+  // split_piece: a tail of fewer tiles than CTAs (launch_bwd's condition), every step covered once.
+  for (int i = 0; i < 20000; ++i) {
+    int const ctas = 1 + int(g() % 264), tiles = 1 + int(g() % ctas), tu = 2 + int(g() % (i & 1 ? 40 : 400));
+    if (tiles >= ctas) continue;
+    SplitDeal const d = make_split_deal(tiles, tu, ctas);
+    std::vector<int> covered(size_t(tiles) * tu, 0);
+    for (int c = 0; c < ctas; ++c)
+      for (int k = 0; k < 3; ++k) {
+        SplitPiece const pc = split_piece(d, c, k);
+        if (pc.s1 <= pc.s0) continue;
+        ++checks;
+        if (k == 2 || pc.tile < 0 || pc.tile >= tiles || pc.s0 < 0 || pc.s1 > tu) { ++mismatches; continue; }
+        for (int s = pc.s0; s < pc.s1; ++s) covered[size_t(pc.tile) * tu + s]++;
+      }
+    for (int v : covered) mismatches += v != 1;
   }
   std::printf("%ld checks, %ld mismatches\n", checks, mismatches);
   return mismatches != 0;

@@ -139,6 +139,12 @@ static bool run_case(const Case& c, uint64_t seed) {
   CK(cudaMemcpy(dlse, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemset(dq, 0x7f, nq * 2)); CK(cudaMemset(dk, 0x7f, nk * 2)); CK(cudaMemset(dv, 0x7f, nk * 2));
   CK(cudaMemset(dacc, 0x7f, acc_n * 4)); CK(cudaMemset(ddsum, 0x7f, n_stats * 4)); CK(cudaMemset(dlse2, 0x7f, n_stats * 4));
+  // The int32 workspace as the FFI handler passes it without segment ids (the split tail's slots;
+  // garbage first: the row statistics kernel must zero what the main kernel reads).
+  int* dws = nullptr;
+  int64_t const ws_ints = bwd_workspace_ints(c.B, c.Nkv, c.S, false);
+  CK(cudaMalloc(&dws, ws_ints * 4)); CK(cudaMemset(dws, 0x7f, ws_ints * 4));
+  p.tile_counter = dws;
   if (!c.q_lens.empty()) { CK(cudaMalloc(&dql, c.B * 4)); CK(cudaMemcpy(dql, c.q_lens.data(), c.B * 4, cudaMemcpyHostToDevice)); }
   if (!c.kv_lens.empty()) { CK(cudaMalloc(&dkl, c.B * 4)); CK(cudaMemcpy(dkl, c.kv_lens.data(), c.B * 4, cudaMemcpyHostToDevice)); }
   p.q = dq_in; p.k = dk_in; p.v = dv_in; p.o = o_in; p.lse = dlse; p.dout = do_in;
@@ -160,7 +166,8 @@ static bool run_case(const Case& c, uint64_t seed) {
     }
   }
   for (void* x : {dq_in, dk_in, dv_in, do_in, o_in, dq, dk, dv}) cudaFree(x);
-  cudaFree(dlse); cudaFree(ddsum); cudaFree(dlse2); cudaFree(dsem); cudaFree(dacc); if (dql) cudaFree(dql); if (dkl) cudaFree(dkl);
+  cudaFree(dlse); cudaFree(ddsum); cudaFree(dlse2); cudaFree(dsem); cudaFree(dacc); cudaFree(dws);
+  if (dql) cudaFree(dql); if (dkl) cudaFree(dkl);
   if (err != cudaSuccess) {
     printf("%-34s FAIL (launch: %s)\n", c.name, cudaGetErrorString(err));
     return false;
@@ -255,6 +262,7 @@ static void print_timeline(uint32_t* dbuf, int H, int S, int causal) {
 
 static bool g_det = false;
 static bool g_fp16 = false;  // --fp16: bench float16 instead of bfloat16
+static bool g_no_split = false;  // --no-split: bench without the workspace (no split tail)
 static double bench(int H, int S, bool causal, int reps) {
   const int B = 16384 / S, N = 2048 / H;
   FlashBwdParams p;
@@ -269,6 +277,12 @@ static double bench(int H, int S, bool causal, int reps) {
   CK(cudaMalloc(&sem, size_t(B) * N * p.seqlen_q_rounded / 64 * 4));
   p.deterministic = g_det; p.dq_semaphore = sem;
   CK(cudaMalloc(&acc, size_t(B) * N * p.seqlen_q_rounded * p.head_dim_rounded * 4));
+  // The workspace as the FFI handler passes it (the split tail's slots); --no-split: none.
+  int* ws = nullptr;
+  if (!g_no_split) {
+    CK(cudaMalloc(&ws, bwd_workspace_ints(B, N, S, false) * 4));
+    p.tile_counter = ws;
+  }
   // Independent random operands, and each row's lse as for N(0, 1) logits (ln(visible keys) +
   // 1/2), so P is ~1 / keys as in a real backward (q = k = v = o = dO and lse = 12 before
   // session 8 measured within 1-2% of this, NOTES.md "Harness and JAX figures").
@@ -292,7 +306,7 @@ static double bench(int H, int S, bool causal, int reps) {
   double ms = median_ms([&] { return flash_bwd_sm90(p, 0); }, 2, reps, S <= 1024 ? 10 : 3);
   double flops = 2.5 * 4.0 * B * N * double(S) * S * H / (causal ? 2 : 1);
   for (void* x : {q, k, v, o, dO, dq, dk, dv}) cudaFree(x);
-  cudaFree(lse); cudaFree(dsum); cudaFree(lse2); cudaFree(sem); cudaFree(acc);
+  cudaFree(lse); cudaFree(dsum); cudaFree(lse2); cudaFree(sem); cudaFree(acc); cudaFree(ws);
   return flops / (ms * 1e-3) / 1e12;
 }
 
@@ -308,6 +322,7 @@ int main(int argc, char** argv) {
     if (!strncmp(argv[i], "--causal=", 9)) only_causal = atoi(argv[i] + 9);  // bench one mask kind
     if (!strcmp(argv[i], "--det")) g_det = true;  // bench the deterministic mode
     if (!strcmp(argv[i], "--fp16")) g_fp16 = true;
+    if (!strcmp(argv[i], "--no-split")) g_no_split = true;
 #ifdef JF_BWD_TIMELINE
     if (!strcmp(argv[i], "--timeline")) {
       CK(cudaMalloc(&sm90::g_bwd_timeline, sm90::kTimelineBytes));
@@ -369,6 +384,15 @@ int main(int argc, char** argv) {
     c = {"pad h200 lens window T300 S700", 2, 300, 700, 2, 1}; c.H = 200; c.q_lens = {300, 77}; c.kv_lens = {700, 250};
     c.wl = 150; c.wr = 40; cs.push_back(c);
     c = {"pad det h96 causal-tl T500 S500", 1, 500, 500, 2, 2}; c.H = 96; c.causal = true; c.det = true; cs.push_back(c);
+    // The split tail (unbounded masks without lengths, more tiles than the 132 SMs, at least
+    // JF_BWD_SPLIT_MIN_STEPS steps per tile): the last round's tiles in a second launch, in pieces
+    // of a few steps, several per tile, or none for some CTAs.
+    c = {"split nc T2600 S2100 gqa2", 1, 2600, 2100, 18, 9}; cs.push_back(c);
+    c = {"split fp16 nc T900 S4000 gqa3", 1, 900, 4000, 15, 5}; c.bf16 = false; cs.push_back(c);
+    c = {"split softcap15 nc T1100 S2100 gqa2", 3, 1100, 2100, 6, 3}; c.softcap = 15.f; cs.push_back(c);
+    c = {"split h64 nc T4100 S4200", 1, 4100, 4200, 5, 5}; c.H = 64; cs.push_back(c);
+    c = {"split h256 nc T2100 S9000 gqa2", 1, 2100, 9000, 2, 1}; c.H = 256; cs.push_back(c);
+    c = {"split h256 softcap30 nc T2100 S8500", 1, 2100, 8500, 1, 1}; c.H = 256; c.softcap = 30.f; cs.push_back(c);
     uint64_t seed = 1;
     for (int i = 0; i < int(cs.size()); ++i) {
       if (only >= 0 && i != only) continue;
