@@ -18,7 +18,7 @@
 //       (fragment order), handed to the WG's writer warp (producer WG warps 1-2), which issues one bulk reduce-add
 //       (cp.reduce.async.bulk) into dq_accum: no per-thread atomics, and the consumers never
 //       wait for the bulk engine (NOTES.md v19). The writers walk the same tile / step
-//       sequence (bwd_tile), so only the fragment passes through smem (v21).
+//       sequence (bwd_round_tile), so only the fragment passes through smem (v21).
 //   head-dim split (head_dim 256, 64 keys per CTA): 64 keys x 256 of dK + dV would need 256
 //       accumulator registers per thread in one WG, so both WGs share the 64 keys. S^T / dP^T
 //       are split by query rows (64 keys x kBlockM/2 each), P^T and dS^T meet in smem (double
@@ -558,7 +558,7 @@ __forceinline__ __device__ bool bwd_piece_combine(BwdKernelParams<T> const& kp, 
 // Key split: the writer warp of consumer WG wg. Each staged dQ fragment goes into dq_accum with
 // one bulk reduce-add issued here, so the consumers never wait for the bulk engine: they only
 // sync on kBwdBarDQEmpty before restaging, a step later. The writer walks the same tile / step
-// sequence as the consumers (bwd_tile), so only the fragment passes through smem.
+// sequence as the consumers (bwd_round_tile), so only the fragment passes through smem.
 // Deterministic: the turn wait is here too, off the consumers' path.
 template <class T, bool Deterministic, bool Dynamic, bool Segments, bool Split>
 __device__ void bwd_dq_writer(BwdKernelParams<T> const& kp, typename T::SharedStorage& ss, int wg) {
@@ -617,7 +617,7 @@ __forceinline__ __device__ uint8_t* bwd_dense_stage(typename T::SharedStorage& s
 // kDenseTma: producer warp 3 copies each step's bias / mask tile of consumer WG wg (its 64 keys x
 // the step's kBlockM rows) into the WG's stage by TMA. One stage per WG is enough: a WG is done
 // with it once its P is formed, early in the step, so the next step's copy lands under the rest
-// of the step. Walks the same tile / step sequence as the consumers (bwd_tile).
+// of the step. Walks the same tile / step sequence as the consumers (bwd_round_tile).
 template <class T, bool Dynamic>
 __device__ void bwd_dense_loader(BwdKernelParams<T> const& kp, typename T::SharedStorage& ss) {
   int count = 0;  // steps issued
