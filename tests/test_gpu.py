@@ -85,17 +85,35 @@ def test_gpu_wide_key_blocks(feature, dtype):
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("H,shape,feature", [
     # _case vmaps single-head calls over the heads: the backward sees batch B * N, one kv head.
-    (128, (1, 2600, 2100, 18, 18), "plain"),   # 306 key-block tiles: 42 in the tail, 33 steps each
-    (128, (1, 2600, 2432, 7, 7), "plain"),     # 133 tiles: one in the tail, CTAs with no piece
-    (128, (1, 2100, 4000, 15, 15), "softcap"),  # 480 tiles: 84 in the tail, 33 steps of 64 rows
-    (64, (1, 4100, 4200, 5, 5), "plain"),      # 165 tiles: 33 in the tail
     (256, (1, 2100, 9000, 2, 2), "plain"),     # 282 tiles of 64 keys (the by-role kernel): 18 in the tail
+    (256, (1, 2100, 8500, 1, 1), "softcap"),   # 133 tiles (the row-split kernel): one in the tail
 ])
 def test_gpu_backward_split_tail(H, shape, feature, dtype):
-    """More key-block tiles than SMs without a causal / window bound or lengths, and at least
-    JF_BWD_SPLIT_MIN_STEPS (32) steps per tile: the Hopper backward runs the last round's tiles
-    as a second launch, in pieces whose partial dK / dV meet in the workspace (NOTES.md v82b).
-    GQA pieces (a piece starting inside another q head) run in the harness's split cases."""
+    """H = 256 (the head-dim split kernel) with more key-block tiles than SMs, no causal / window
+    bound or lengths, and at least JF_BWD_SPLIT_MIN_STEPS (32) steps per tile: the Hopper
+    backward runs the last round's tiles as a second launch, in pieces whose partial dK / dV
+    meet in the workspace (NOTES.md v82b; H = 64 / 128 run the early dQ conversion instead,
+    v84). GQA pieces (a piece starting inside another q head) run in the harness's split cases."""
+    B, T, S, N, K = shape
+    _case((B, T, S, N, K, H), feature, dtype, "auto")
+
+
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("H,shape,feature", [
+    # Batch B * N after the vmap fold: key-block tiles over several rounds, the last part-empty.
+    (128, (1, 1000, 4000, 18, 18), "plain"),   # 576 tiles of 13 steps (80 rows): 4.4 rounds
+    (128, (2, 333, 3001, 9, 9), "softcap"),    # 432 tiles of 6 steps (64 rows)
+    (64, (1, 700, 6000, 9, 9), "plain"),       # 423 tiles of 6 steps
+    (128, (1, 2600, 2100, 18, 18), "plain"),   # 306 tiles of 33 steps: 42 in the last round
+    (128, (1, 2600, 2432, 7, 7), "plain"),     # 133 tiles: one in the last round
+    (128, (1, 2100, 4000, 15, 15), "softcap"),  # 480 tiles of 33 steps (64 rows)
+    (64, (1, 4100, 4200, 5, 5), "plain"),      # 165 tiles: 33 in the last round
+])
+def test_gpu_backward_early_dq_conversion(H, shape, feature, dtype):
+    """H = 64 / 128 persistent launches without a causal / window bound or lengths: the dQ
+    conversion runs as a programmatic dependent of the main launch and converts each head's rows
+    once its writers' counts are complete, beside the last tiles (NOTES.md v83, v84). A count
+    completed too early would convert partial sums: dq would fail the 2x rule."""
     B, T, S, N, K = shape
     _case((B, T, S, N, K, H), feature, dtype, "auto")
 

@@ -331,6 +331,11 @@ struct BwdKernelParams {
   uint32_t* timeline;  // diagnostic builds only (timeline.h, JF_BWD_TIMELINE), else nullptr
   DenseTmaDescs dense;  // Traits::kDenseTma only
   BwdSplitTail split;   // static schedule: the last round's tiles in pieces (bwd_static_tile)
+  // Early dQ conversion (launch_bwd, NOTES.md v83): per (batch, kv head), the steps whose dQ
+  // reduce-adds have landed, counted by each writer warp once per tile (bwd_dq_writer); the dQ
+  // conversion, launched as a programmatic dependent, converts a head's rows once its count is
+  // complete, on the SMs the last round leaves idle. nullptr: not counted (converted after).
+  int* dq_ready;
 };
 
 // Query row blocks [m_min, m_min + nm) that key block n_block can see.
@@ -603,6 +608,17 @@ __device__ void bwd_dq_writer(BwdKernelParams<T> const& kp, typename T::SharedSt
       __syncwarp();
       named_arrive(kBwdDQHandoffThreads, kBwdBarDQEmpty + wg);
     }
+    // Early conversion: the tile's (piece's) steps count once its reduce-adds have landed (the
+    // bulk engine's writes, then a release to the converting CTA on another SM). Once per tile,
+    // where the writer has a whole epilogue and step of slack (per step it cost 15-20%, v61).
+    if constexpr (!Deterministic) {
+      if (kp.dq_ready != nullptr && leader && w.n_iters > 0) {
+        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        asm volatile("fence.proxy.async.global;\n" ::: "memory");
+        __threadfence();
+        atomicAdd(kp.dq_ready + int64_t(w.t.b) * p.heads_kv + w.t.h, w.n_iters);
+      }
+    }
   }
   if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
@@ -707,6 +723,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   ppdo.transaction_bytes = pp.transaction_bytes;
   typename T::PipelinedO pipe_do(ss.pipe_do, ppdo, Shape<_1, _1, _1>{});
   __syncthreads();
+  // Early conversion: the dQ conversion's CTAs may take each SM this launch leaves (it never
+  // waits for them; they wait for dq_ready).
+  if (kp.dq_ready != nullptr) pdl_trigger();
 
   // Tiles of this CTA: blockIdx.x, then (persistent launch) one per round in snake order.
   // Tiles with no visible row load nothing and store zero dK / dV; `loaded` counts the others,
@@ -1434,12 +1453,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
 // kernel reads); their zeroed rows stay inside the workspace (seqlen_q_rounded % 64 == 0).
 // tile_counter: the dynamic schedule's counter, zeroed here (one stream operation fewer than a
 // memset before the main kernel), or nullptr. split_zero: the split tail's slots in use
-// (split_vec4s 16-byte words), zeroed here too.
+// (split_vec4s 16-byte words), and ready_zero: the early conversion's counters (ready_ints),
+// zeroed here too.
 constexpr int kRowStatsRows = 64, kRowStatsThreads = 256;
 
 template <class T>
 __global__ void __launch_bounds__(kRowStatsThreads) flash_bwd_row_stats_kernel_sm90(const FlashBwdParams p, int m_blocks, int* tile_counter,
-                                                                                      int4* split_zero, int split_vec4s) {
+                                                                                      int4* split_zero, int split_vec4s,
+                                                                                      int* ready_zero, int ready_ints) {
   using Element = typename T::Element;
   using Vec = cutlass::Array<Element, 8>;
   constexpr int kG = T::kHeadDim / 8;  // threads per row
@@ -1457,6 +1478,8 @@ __global__ void __launch_bounds__(kRowStatsThreads) flash_bwd_row_stats_kernel_s
   if (tile_counter != nullptr && j == 0 && tid == 0) *tile_counter = 0;
   for (int64_t i = int64_t(blockIdx.x) * kRowStatsThreads + tid; i < split_vec4s; i += int64_t(gridDim.x) * kRowStatsThreads)
     split_zero[i] = make_int4(0, 0, 0, 0);
+  for (int i = int(blockIdx.x) * kRowStatsThreads + tid; i < ready_ints; i += int(gridDim.x) * kRowStatsThreads)
+    ready_zero[i] = 0;
   int const t0 = m * kRowStatsRows;
   bool const cols_ok = lane * 8 < p.head_dim;
   Vec ov[kPasses], dv[kPasses];
@@ -1498,19 +1521,45 @@ __global__ void __launch_bounds__(kRowStatsThreads) flash_bwd_row_stats_kernel_s
   }
 }
 
+// Early conversion (ready != nullptr; launch_bwd, NOTES.md v83): this kernel is a programmatic
+// dependent of the last main-kernel launch and runs beside it. A CTA waits until its (batch, kv
+// head)'s dq_ready count reaches ready_target (every step of every key-block tile of the head,
+// counted by both writer warps), then converts. Bounded (~0.3-1 s): past the bound it waits for
+// the main launch to complete instead and marks the head ready for its other CTAs (slower, never
+// wrong: a very long main launch, or a count that never completes). The last CTA also waits for
+// that launch, so this kernel (and what follows it in the stream) completes after it.
+__forceinline__ __device__ void wait_dq_ready(int* ready, int target) {
+  int v;
+  for (int spin = 0; spin < (1 << 20); ++spin) {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(ready) : "memory");
+    if (v >= target) return;
+    __nanosleep(256);
+  }
+  pdl_wait();
+  atomicMax(ready, target);
+}
+
 // dq = scale * dq_accum in the input dtype. One CTA per (row block, q head, batch): thread t
 // reads back the fragment consumer thread t reduced (dq_frag_offset, coalesced float4), scatters
 // it as 16-bit values into a row-major smem tile, then the tile goes out as 16-byte row chunks.
 template <class T>
-__global__ void flash_bwd_convert_dq_kernel_sm90(const FlashBwdParams p, int64_t acc_rows, int64_t acc_cols) {
+__global__ void flash_bwd_convert_dq_kernel_sm90(const FlashBwdParams p, int64_t acc_rows, int64_t acc_cols,
+                                                 int* ready, int ready_target) {
   using Element = typename T::Element;
   constexpr int kRowStride = T::kHeadDim + 8;  // padded: the scatter spreads over banks
   __shared__ alignas(16) Element tile[T::kBlockM * kRowStride];
   // Last block first (v76): the main kernel's tile orders end at the last (b, h) planes (causal:
   // with the shortest key blocks, which reach only the last row blocks), so these dq_accum rows
-  // are the ones still in L2.
-  int const m = int(gridDim.x - 1 - blockIdx.x), h = int(gridDim.y - 1 - blockIdx.y), b = int(gridDim.z - 1 - blockIdx.z);
+  // are the ones still in L2. Early conversion: first block first, the order in which the main
+  // kernel's static schedule completes the heads.
+  int const m = ready ? int(blockIdx.x) : int(gridDim.x - 1 - blockIdx.x);
+  int const h = ready ? int(blockIdx.y) : int(gridDim.y - 1 - blockIdx.y);
+  int const b = ready ? int(blockIdx.z) : int(gridDim.z - 1 - blockIdx.z);
   int const t = threadIdx.x;
+  if (ready != nullptr) {
+    if (t == 0) wait_dq_ready(ready + int64_t(b) * p.heads_kv + h / (p.heads_q / p.heads_kv), ready_target);
+    __syncthreads();
+  }
   typename T::TiledMmadQ mma_dq;
   // (row, column) of each fragment value; kdQTransposed fragments are (column, row).
   Tensor c = mma_dq.get_thread_slice(t).partition_C(make_identity_tensor(typename T::ShapedQ{}));
@@ -1520,7 +1569,7 @@ __global__ void flash_bwd_convert_dq_kernel_sm90(const FlashBwdParams p, int64_t
   cutlass::NumericArrayConverter<Element, float, 2> cvt;
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < T::kdQFrag; i += 4) {
-    float4 const a = *reinterpret_cast<float4 const*>(acc + dq_frag_offset<T>(t, i));
+    float4 const a = __ldcg(reinterpret_cast<float4 const*>(acc + dq_frag_offset<T>(t, i)));  // L2 (early conversion)
     float const v[4] = {a.x, a.y, a.z, a.w};
     CUTLASS_PRAGMA_UNROLL
     for (int e = 0; e < 4; e += 2) {  // accumulator pairs (i, i+1): adjacent columns of one row (or transposed, rows)
@@ -1544,6 +1593,8 @@ __global__ void flash_bwd_convert_dq_kernel_sm90(const FlashBwdParams p, int64_t
     if (row < p.seqlen_q && c8 < p.head_dim)
       *reinterpret_cast<uint4*>(dq + row * p.dq_row_stride + c8) = *reinterpret_cast<uint4 const*>(tile + r * kRowStride + c8);
   }
+  if (ready != nullptr && blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1 && blockIdx.z == gridDim.z - 1)
+    pdl_wait();
 }
 
 }  // namespace jax_flash::sm90

@@ -34,6 +34,8 @@ struct BwdTileConfig;
 // Split tail (NOTES.md v82, v82b): a persistent static launch whose tiles leave a part-empty last
 // round runs that round as a second launch that deals its steps out to every CTA
 // (flash_bwd_kernel<..., SplitTail = true>). JF_BWD_SPLIT_TAIL=0 builds without it (A/B).
+// Since v84 only the head-dim split kernel (H=256) runs it; the key split runs the early dQ
+// conversion (below) instead.
 // JF_BWD_SPLIT_MIN_STEPS: tiles of fewer steps keep the part-empty round, where the second
 // launch's fixed cost (kernel boundary, the pieces' prologue and reduce-adds) outweighs it
 // (H=128, H100 harness: 13 steps -2.7%, 52 steps +0.9%, 205 steps +1.1%).
@@ -42,6 +44,14 @@ struct BwdTileConfig;
 #endif
 #ifndef JF_BWD_SPLIT_MIN_STEPS
 #define JF_BWD_SPLIT_MIN_STEPS 32
+#endif
+// Early dQ conversion (NOTES.md v83): on persistent static launches without a causal / window
+// bound or lengths (every key-block tile runs every step of its head), the dQ conversion runs as
+// a programmatic dependent of the main launch: it converts each (batch, kv head)'s rows as soon as
+// the writers' counts say the head's reduce-adds have landed, on the SMs that the part-empty last
+// round leaves idle, instead of after the main kernel. JF_BWD_EARLY_DQ=0 builds without it (A/B).
+#ifndef JF_BWD_EARLY_DQ
+#define JF_BWD_EARLY_DQ 1
 #endif
 #ifndef JF_BWD_DYN_MAXS64
 #define JF_BWD_DYN_MAXS64 4096
@@ -158,16 +168,32 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   // with the rest cut into pieces over every CTA. Only where each tile has the same steps (no
   // causal / window bound, no lengths) and the caller's workspace has the slots. A launch of its
   // own, because the pieces' code costs the main loop registers (one kernel for both: 4-5% slower,
-  // NOTES.md v82). (Instantiated only for the traits that run unbounded launches.)
+  // NOTES.md v82). (Instantiated only for the traits that run unbounded launches.) Head-dim split
+  // only (H=256): the key split runs the early dQ conversion there instead, which fills the same
+  // idle round better (v84, NOTES.md).
   using C = BwdTileConfig<T::kHeadDim>;
-  constexpr bool kSplitKernel = JF_BWD_SPLIT_TAIL && !Deterministic && !Segments && !Dense && !Dropout &&
+  constexpr bool kSplitKernel = JF_BWD_SPLIT_TAIL && T::kSplitD && !Deterministic && !Segments && !Dense && !Dropout &&
                                 (Softcap ? T::kBlockM == C::M && !T::kSdPByRole
                                          : T::kBlockM == C::UnboundedM && T::kSdPByRole == C::SdPByRole);
+  // Uniform launches: every tile has the same steps (no causal / window bound, no lengths).
+  bool const uniform = p.window_left < 0 && p.window_right < 0 && p.q_lens == nullptr && p.kv_lens == nullptr;
+  int64_t const tile_units = int64_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM) * (p.heads_q / p.heads_kv);
+  // Early dQ conversion: the counters are the first batch * heads_kv dQ turn counters, unused
+  // without the deterministic mode and the dynamic schedule. Key split only: its writer warps
+  // issue every reduce-add (the head-dim split's consumers do their own).
+  kp.dq_ready = nullptr;
+  int ready_target = 0;
+  {
+    int64_t const target = int64_t(T::kMmaWGs) * n_blocks * tile_units;  // one count per writer warp
+    if (JF_BWD_EARLY_DQ && !Deterministic && !Segments && !Dense && !Dropout && !T::kSplitD && persistent && !dynamic &&
+        uniform && has_turn_counter && p.dq_semaphore != nullptr && target <= 0x7fffffff) {
+      kp.dq_ready = p.dq_semaphore;
+      ready_target = int(target);
+    }
+  }
   int split_vec4s = 0;
   if constexpr (kSplitKernel) {
     int64_t const rest = grid > 0 ? tiles % grid : 0;
-    int64_t const tile_units = int64_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM) * (p.heads_q / p.heads_kv);
-    bool const uniform = p.window_left < 0 && p.window_right < 0 && p.q_lens == nullptr && p.kv_lens == nullptr;
     if (persistent && !dynamic && !p.deterministic && uniform && tiles > grid && rest > 0 &&
         tile_units >= JF_BWD_SPLIT_MIN_STEPS &&
         p.tile_counter != nullptr && p.q_segment_ids == nullptr &&
@@ -185,7 +211,8 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     if (ctas > 0x7fffffff) return cudaErrorNotSupported;
     if (ctas > 0) {
       flash_bwd_row_stats_kernel_sm90<T><<<unsigned(ctas), kRowStatsThreads, 0, stream>>>(
-          p, m_blocks, dynamic ? counter : nullptr, reinterpret_cast<int4*>(kp.split.slots), split_vec4s);
+          p, m_blocks, dynamic ? counter : nullptr, reinterpret_cast<int4*>(kp.split.slots), split_vec4s, kp.dq_ready,
+          kp.dq_ready ? p.batch * p.heads_kv : 0);
       err = cudaGetLastError();
       if (err != cudaSuccess) return err;
     }
@@ -215,8 +242,11 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   }
 
   int const m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
-  flash_bwd_convert_dq_kernel_sm90<T><<<dim3(unsigned(m_blocks), unsigned(p.heads_q), unsigned(p.batch)), T::kMmaThreads, 0, stream>>>(
-      p, kp.acc_rows, kp.acc_cols);
+  dim3 const convert_grid(unsigned(m_blocks), unsigned(p.heads_q), unsigned(p.batch));
+  if (kp.dq_ready != nullptr)
+    return launch_dependent(&flash_bwd_convert_dq_kernel_sm90<T>, convert_grid, dim3(T::kMmaThreads), 0, stream, p,
+                            kp.acc_rows, kp.acc_cols, kp.dq_ready, ready_target);
+  flash_bwd_convert_dq_kernel_sm90<T><<<convert_grid, T::kMmaThreads, 0, stream>>>(p, kp.acc_rows, kp.acc_cols, nullptr, 0);
   return cudaGetLastError();
 }
 

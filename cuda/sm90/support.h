@@ -45,6 +45,26 @@ inline cudaError_t sm_count(int* sms) {
   return err;
 }
 
+// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the previous
+// kernel in the stream (PDL): its CTAs may be scheduled once every CTA of that kernel has called
+// pdl_trigger (utils.h) or exited, so it must not rely on that kernel's results without its own
+// synchronisation (pdl_wait, or counters with release / acquire).
+template <class... Params, class... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                             Args const&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, Params(args)...);
+}
+
 // Dtype, sizes, and q/k/v/o alignment and strides that every sm90 kernel needs.
 inline bool fwd_operands_ok(const FlashFwdParams& p) {
   if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16) return false;

@@ -100,6 +100,12 @@ __forceinline__ __device__ bool named_sync_or(int threads, int id, bool pred) {
       : "memory");
   return any != 0;
 }
+// Programmatic dependent launch (support.h launch_dependent): pdl_trigger lets the next kernel in the
+// stream, if launched as a programmatic dependent, be scheduled once every CTA of this one has
+// called it or exited; pdl_wait waits until the previous kernel (if this one is such a
+// dependent) has completed and its writes are visible. Both are no-ops otherwise.
+__forceinline__ __device__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__forceinline__ __device__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 // Generic-proxy smem writes made visible to the async proxy (TMA / bulk copies, wgmma operands);
 // with a memory clobber, unlike cutlass::arch::fence_view_async_shared.
 __forceinline__ __device__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
