@@ -178,8 +178,9 @@ def flash_attention(
       deterministic: GPU backward with the same bits run to run (dQ partial sums are added
         in a fixed order; about 30-40% slower on Hopper). The CPU backend always is. Not
         available on the GPU with a bias broadcast over some axis (see bias). Without it the
-        GPU's dQ, and on Hopper the dK / dV of a non-causal launch's last round of key blocks
-        (summed from pieces by float atomics, NOTES.md v82b), may differ in the last bits.
+        GPU's dQ, and on Hopper at head dims 193-256 the dK / dV of a non-causal launch's
+        last round of key blocks (summed from pieces by float atomics, NOTES.md v82b / v84),
+        may differ in the last bits.
       kernel: "auto", "portable" (sm80 path) or "hopper" (sm90 path); ignored on CPU. The
         Hopper kernels take head dims that are multiples of 8 up to 256, zero-padded to 64,
         128 or 256 (the backward of head dims 129-192 runs the portable kernel); other head

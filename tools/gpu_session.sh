@@ -16,8 +16,14 @@
 # are there).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-if [ -f "$repo/build/prebuilt.tar.xz" ]; then  # replaces a folder left by an earlier call
-  rm -rf "$repo/build/prebuilt" && tar xJf "$repo/build/prebuilt.tar.xz" -C "$repo/build"
+# The tarball replaces a folder left by an earlier call, once per tarball (its checksum is kept
+# beside the archives): a second invocation in the same call finds it unpacked.
+if [ -f "$repo/build/prebuilt.tar.xz" ]; then
+  sum=$(md5sum < "$repo/build/prebuilt.tar.xz")
+  if [ "$(cat "$repo/build/prebuilt/.tarball_md5" 2>/dev/null)" != "$sum" ]; then
+    rm -rf "$repo/build/prebuilt" && tar xJf "$repo/build/prebuilt.tar.xz" -C "$repo/build" \
+      && echo "$sum" > "$repo/build/prebuilt/.tarball_md5"
+  fi
 fi
 OUT=${OUT:-/tmp/jf_out}
 mkdir -p "$OUT"

@@ -28,16 +28,16 @@ EXACT = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--exact=
 LIST = "--list" in sys.argv[1:]
 
 
-def case(H, T, S, causal, kw, label):
-    full = f"H={H} T={T} S={S} causal={causal} {label}"
+def case(H, T, S, causal, kw, label, B=2):
+    full = f"H={H} T={T} S={S} causal={causal} {label}" + (f" B={B}" if B != 2 else "")
     if ONLY not in label or (EXACT is not None and full != EXACT):
         return
     if LIST:
         print(full)
         return
     ks = jax.random.split(jax.random.key(H + T + S), 3)
-    q = jax.random.normal(ks[0], (2, T, 2, H), jnp.bfloat16)
-    k, v = (jax.random.normal(kk, (2, S, 1, H), jnp.bfloat16) for kk in ks[1:])
+    q = jax.random.normal(ks[0], (B, T, 2, H), jnp.bfloat16)
+    k, v = (jax.random.normal(kk, (B, S, 1, H), jnp.bfloat16) for kk in ks[1:])
 
     def attend(q, k, v, impl):
         if kw.get("deterministic"):  # flash_attention's option: [..., T, H] operands, no GQA
@@ -60,6 +60,12 @@ def case(H, T, S, causal, kw, label):
 
 
 rng = np.random.default_rng(0)
+# More key-block tiles than SMs on the persistent non-causal schedule: H = 64 / 128 convert dQ early,
+# beside the main launch's last round (v83 / v84); H = 256 with >= 32 steps per tile runs the split
+# tail's second launch (v82b).
+case(64, 300, 12000, False, {}, "plain rounds: early dQ conversion", B=3)
+case(128, 300, 12000, False, {}, "plain rounds: early dQ conversion", B=3)
+case(256, 2100, 9000, False, {}, "plain rounds: split tail")
 for H in (64, 128, 256):
     T, S = 200, 333
     for causal in (False, True):
