@@ -7,7 +7,12 @@ and backward, on the FlashAttention papers' grid (B*S = 16k tokens, N*H = 2048).
 Timing follows ../shared/ANCHORS.md: the median of R rounds of C jitted calls after warm-up,
 wall clock around block_until_ready; backward time = time(fwd + bwd) - time(fwd). Within a cell
 the implementations take turns round by round (all compiled and warmed up first), so clock or
-thermal drift during the cell falls on all of them alike instead of on whichever ran last.
+thermal drift during the cell falls on all of them alike instead of on whichever ran last, and
+the turn order rotates from round to round (round r starts with the r-th implementation): the
+board's power management reacts to the load within tens of milliseconds, about one turn's length,
+so a fixed order gives each implementation a fixed place in that rhythm (on an H100, swapping two
+implementations' places moved a 16k forward figure by 7-8%, cuda/sm90/NOTES.md session 44).
+`--fixed-order` keeps the same order in every round (the method before session 44).
 TFLOP/s counts 4*B*N*T*S*H for the forward (halved when causal), 2.5x that for the backward.
 The fwd+bwd column (3.5x over time(fwd + bwd)) is the training step's figure without the
 subtraction: a forward that times slower in one pass than in the other moves the backward figure
@@ -154,9 +159,10 @@ def _time_sustained(fn, args, seconds, per_call):
     return (time.perf_counter() - p0) / calls, (t0, time.time())
 
 
-def run_cell(impls, B, S, N, H, causal, dtype, rounds, calls, measure_memory, sustained=0.0):
+def run_cell(impls, B, S, N, H, causal, dtype, rounds, calls, measure_memory, sustained=0.0, rotate=True):
     """Times every implementation on one grid cell, interleaved: each is compiled and warmed up,
-    then every round times each implementation's forward and forward + backward in turn.
+    then every round times each implementation's forward and forward + backward in turn (with
+    rotate, round r starts at the r-th implementation and goes round).
     With sustained > 0, each implementation then runs its forward and forward + backward back to
     back for about `sustained` seconds each (results gain fwd_sus_tflops / bwd_sus_tflops and
     "_windows", the two runs' wall-clock spans, which main() turns into clock and power).
@@ -176,8 +182,13 @@ def run_cell(impls, B, S, N, H, causal, dtype, rounds, calls, measure_memory, su
         except Exception as e:  # noqa: BLE001 - report and continue the grid
             results[name] = _error(e)
     samples = {name: ([], []) for name in ready}
-    for _ in range(rounds):
-        for name in list(ready):
+    for r in range(rounds):
+        order = list(ready)
+        if rotate and order:
+            order = order[r % len(order):] + order[:r % len(order)]
+        for name in order:
+            if name not in ready:
+                continue
             fwd, fwd_bwd = ready[name]
             try:
                 samples[name][0].append(_time_round(fwd, (q, k, v), calls))
@@ -237,6 +248,8 @@ def main(argv=None):
     p.add_argument("--impls", nargs="+", default=None, help="subset of implementations to run")
     p.add_argument("--rounds", type=_positive, default=7 if on_gpu else 3)
     p.add_argument("--calls", type=_positive, default=10 if on_gpu else 1)
+    p.add_argument("--fixed-order", action="store_true",
+                   help="time the implementations in the same order every round (default: rotate)")
     p.add_argument("--sustained", type=_non_negative, default=0.0, metavar="SECONDS",
                    help="also time SECONDS of back-to-back calls per implementation and pass, with the "
                         "SM clock and power (GPU) alongside (default 0: off)")
@@ -269,7 +282,7 @@ def main(argv=None):
                             if not (n == "xla" and B * N * S * S * 4 > a.xla_max_gb * 1e9)}
                     row["results"] = run_cell(cell, B, S, N, H, causal, jnp.dtype(dtype), a.rounds, a.calls,
                                               measure_memory=lambda n: not on_gpu or n == "jax_flash",
-                                              sustained=a.sustained)
+                                              sustained=a.sustained, rotate=not a.fixed_order)
                     rows.append(row)
                     _print_row(row, impls)
     sampler.close()

@@ -57,7 +57,7 @@ def test_cell_interleaves_implementations_and_reports_failures(monkeypatch):
              "bad": broken,
              "b": lambda q, k, v, c: 2.0 * jax.nn.dot_product_attention(q, k, v, is_causal=c)}
     res = bench.run_cell(impls, 1, 16, 2, 8, False, jnp.dtype("float32"), rounds=3, calls=1,
-                         measure_memory=lambda n: False)
+                         measure_memory=lambda n: False, rotate=False)
     assert list(res) == ["a", "bad", "b"]
     assert res["bad"]["error"].startswith("ValueError: no kernel")
     assert res["a"]["fwd_ms"] == pytest.approx(1.0) and res["b"]["bwd_ms"] == pytest.approx(0.0)
@@ -65,6 +65,16 @@ def test_cell_interleaves_implementations_and_reports_failures(monkeypatch):
     assert [n for _, n in calls] == [3, 4] * 6
     # a's pair, then b's pair, in each of the three rounds
     assert fns[0:4] * 3 == fns and len({id(f) for f in fns[0:4]}) == 4
+
+    # Rotated (the default): round r starts with the r-th implementation that compiled.
+    calls.clear()
+    res = bench.run_cell(impls, 1, 16, 2, 8, False, jnp.dtype("float32"), rounds=3, calls=1,
+                         measure_memory=lambda n: False)
+    assert list(res) == ["a", "bad", "b"]
+    fns = [fn for fn, _ in calls]
+    a_pair, b_pair = fns[0:2], fns[2:4]
+    assert fns == a_pair + b_pair + b_pair + a_pair + a_pair + b_pair
+    assert len({id(f) for f in a_pair + b_pair}) == 4
 
 
 def test_sustained_view_adds_its_figures_and_table(tmp_path, capsys):
