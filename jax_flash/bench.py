@@ -9,9 +9,10 @@ wall clock around block_until_ready; backward time = time(fwd + bwd) - time(fwd)
 the implementations take turns round by round (all compiled and warmed up first), so clock or
 thermal drift during the cell falls on all of them alike instead of on whichever ran last, and
 the turn order rotates from round to round (round r starts with the r-th implementation): the
-board's power management reacts to the load within tens of milliseconds, about one turn's length,
-so a fixed order gives each implementation a fixed place in that rhythm (on an H100, swapping two
-implementations' places moved a 16k forward figure by 7-8%, cuda/sm90/NOTES.md session 44).
+board's power management moves the clock in waves of tens of milliseconds (4-6 calls of 12 ms in
+session 44's traces), about one turn's length, so a fixed order meets each implementation at the
+same phase every round (on an H100, swapping two implementations' places moved their 16k forward
+short-round figures by 7-8%, cuda/sm90/NOTES.md session 44).
 `--fixed-order` keeps the same order in every round (the method before session 44).
 TFLOP/s counts 4*B*N*T*S*H for the forward (halved when causal), 2.5x that for the backward.
 The fwd+bwd column (3.5x over time(fwd + bwd)) is the training step's figure without the
