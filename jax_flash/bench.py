@@ -160,6 +160,24 @@ def _time_sustained(fn, args, seconds, per_call):
     return (time.perf_counter() - p0) / calls, (t0, time.time())
 
 
+def cell_inputs(B, S, N, H, dtype):
+    """q, k, v and the output cotangent of one cell: (B, S, N, H) normal samples in dtype."""
+    keys = jax.random.split(jax.random.key(0), 4)
+    return tuple(jax.random.normal(x, (B, S, N, H), jnp.float32).astype(dtype) for x in keys)
+
+
+def timed_functions(impl, causal):
+    """The two jitted calls a cell times: forward (q, k, v) and forward + backward (q, k, v, do)."""
+    fwd = jax.jit(lambda q, k, v: impl(q, k, v, causal))
+    fwd_bwd = jax.jit(lambda q, k, v, do: jax.vjp(lambda q, k, v: impl(q, k, v, causal), q, k, v)[1](do))
+    return fwd, fwd_bwd
+
+
+def forward_flops(B, S, N, H, causal):
+    """4*B*N*S*S*H, halved when causal (the backward counts 2.5x, fwd + bwd 3.5x)."""
+    return 4 * B * N * S * S * H / (2 if causal else 1)
+
+
 def run_cell(impls, B, S, N, H, causal, dtype, rounds, calls, measure_memory, sustained=0.0, rotate=True):
     """Times every implementation on one grid cell, interleaved: each is compiled and warmed up,
     then every round times each implementation's forward and forward + backward in turn (with
@@ -168,14 +186,10 @@ def run_cell(impls, B, S, N, H, causal, dtype, rounds, calls, measure_memory, su
     back for about `sustained` seconds each (results gain fwd_sus_tflops / bwd_sus_tflops and
     "_windows", the two runs' wall-clock spans, which main() turns into clock and power).
     Returns {name: result dict, or {"error": ...} for an implementation that failed}."""
-    key = jax.random.key(0)
-    kq, kk, kv, kd = jax.random.split(key, 4)
-    shape = (B, S, N, H)
-    q, k, v, do = (jax.random.normal(x, shape, jnp.float32).astype(dtype) for x in (kq, kk, kv, kd))
+    q, k, v, do = cell_inputs(B, S, N, H, dtype)
     results, ready = {}, {}
     for name, impl in impls.items():
-        fwd = jax.jit(lambda q, k, v, impl=impl: impl(q, k, v, causal))
-        fwd_bwd = jax.jit(lambda q, k, v, do, impl=impl: jax.vjp(lambda q, k, v: impl(q, k, v, causal), q, k, v)[1](do))
+        fwd, fwd_bwd = timed_functions(impl, causal)
         try:
             _warm_up(fwd, (q, k, v))
             _warm_up(fwd_bwd, (q, k, v, do))
@@ -187,9 +201,7 @@ def run_cell(impls, B, S, N, H, causal, dtype, rounds, calls, measure_memory, su
         order = list(ready)
         if rotate and order:
             order = order[r % len(order):] + order[:r % len(order)]
-        for name in order:
-            if name not in ready:
-                continue
+        for name in order:  # (a failure removes only the implementation being timed)
             fwd, fwd_bwd = ready[name]
             try:
                 samples[name][0].append(_time_round(fwd, (q, k, v), calls))
@@ -197,7 +209,7 @@ def run_cell(impls, B, S, N, H, causal, dtype, rounds, calls, measure_memory, su
             except Exception as e:  # noqa: BLE001
                 results[name] = _error(e)
                 del ready[name]
-    flops = 4 * B * N * S * S * H / (2 if causal else 1)
+    flops = forward_flops(B, S, N, H, causal)
     for name, (fwd, fwd_bwd) in ready.items():
         t_f, t_fb = statistics.median(samples[name][0]), statistics.median(samples[name][1])
         res = {

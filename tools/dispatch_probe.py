@@ -22,7 +22,7 @@ def main():
     import jax
     import jax.numpy as jnp
 
-    from jax_flash.bench import _implementations
+    from jax_flash.bench import _implementations, cell_inputs, timed_functions
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--cells", nargs="+", default=["128:1024:1"])
@@ -36,18 +36,12 @@ def main():
     for cell in a.cells:
         H, S, causal = (int(x) for x in cell.split(":"))
         B, N = 16384 // S, 2048 // H
-        ks = jax.random.split(jax.random.key(0), 4)
-        q, k, v, do = (jax.random.normal(x, (B, S, N, H), jnp.float32).astype(dtype) for x in ks)
+        q, k, v, do = cell_inputs(B, S, N, H, dtype)
         for name in a.impls:
             if name not in impls:
                 continue
-            impl = impls[name]
-            if a.bwd:
-                fn = jax.jit(lambda q, k, v, do: jax.vjp(lambda q, k, v: impl(q, k, v, bool(causal)), q, k, v)[1](do))
-                args = (q, k, v, do)
-            else:
-                fn = jax.jit(lambda q, k, v: impl(q, k, v, bool(causal)))
-                args = (q, k, v)
+            fwd, fwd_bwd = timed_functions(impls[name], bool(causal))
+            fn, args = (fwd_bwd, (q, k, v, do)) if a.bwd else (fwd, (q, k, v))
             try:
                 jax.block_until_ready(fn(*args))
             except Exception as e:  # noqa: BLE001 - a peer that lacks a head dim

@@ -47,7 +47,7 @@ def measure(impl_name, cells, dtype_name):
     import jax
     import jax.numpy as jnp
 
-    from jax_flash.bench import _implementations
+    from jax_flash.bench import _implementations, cell_inputs, forward_flops, timed_functions
 
     impl = _implementations(True)[impl_name]
     dtype = jnp.dtype(dtype_name)
@@ -58,17 +58,15 @@ def measure(impl_name, cells, dtype_name):
     for cell in cells:
         H, S, causal = (int(x) for x in cell.split(":"))
         B, N = 16384 // S, 2048 // H
-        ks = jax.random.split(jax.random.key(0), 4)
-        q, k, v, do = (jax.random.normal(x, (B, S, N, H), jnp.float32).astype(dtype) for x in ks)
-        fwd = jax.jit(lambda q, k, v: impl(q, k, v, bool(causal)))
-        fb = jax.jit(lambda q, k, v, do: jax.vjp(lambda q, k, v: impl(q, k, v, bool(causal)), q, k, v)[1](do))
+        q, k, v, do = cell_inputs(B, S, N, H, dtype)
+        fwd, fb = timed_functions(impl, bool(causal))
         try:
             jax.block_until_ready(fwd(q, k, v))
             jax.block_until_ready(fb(q, k, v, do))
         except Exception as e:  # noqa: BLE001 - a peer that lacks a head dim
             print(f"# {impl_name} {cell}: {type(e).__name__}", file=sys.stderr)
             continue
-        flops = 4 * B * N * S * S * H / (2 if causal else 1)
+        flops = forward_flops(B, S, N, H, causal)
         for what, fn, args in (("fwd", fwd, (q, k, v)), ("fwd+bwd", fb, (q, k, v, do))):
             _profiler(True)
             jax.block_until_ready(marker(mx))

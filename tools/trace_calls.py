@@ -124,24 +124,20 @@ def main(argv=None):
     ap.add_argument("--per-call", action="store_true", help="print the longest kernel's duration in every call")
     a = ap.parse_args(argv)
 
-    import jax
     import jax.numpy as jnp
 
-    from jax_flash.bench import _implementations, _warm_up
+    from jax_flash.bench import _implementations, _warm_up, cell_inputs, forward_flops, timed_functions
 
     impls = _implementations(True)
     for cell in a.cells:
         H, S, causal = (int(x) for x in cell.split(":"))
         causal = bool(causal)
         B, N = 16384 // S, 2048 // H
-        ks = jax.random.split(jax.random.key(0), 4)
-        q, k, v, do = (jax.random.normal(x, (B, S, N, H), jnp.float32).astype(a.dtype) for x in ks)
-        flops = 4 * B * N * S * S * H / (2 if causal else 1)
-        print(f"\n## H={H} S={S} causal={bool(causal)} {a.dtype} (B={B}, N={N}), {a.calls} calls per loop; us per call")
+        q, k, v, do = cell_inputs(B, S, N, H, jnp.dtype(a.dtype))
+        flops = forward_flops(B, S, N, H, causal)
+        print(f"\n## H={H} S={S} causal={causal} {a.dtype} (B={B}, N={N}), {a.calls} calls per loop; us per call")
         for name in a.impls:
-            impl = impls[name]
-            fwd = jax.jit(lambda q, k, v, impl=impl: impl(q, k, v, causal))
-            fwd_bwd = jax.jit(lambda q, k, v, do, impl=impl: jax.vjp(lambda q, k, v: impl(q, k, v, causal), q, k, v)[1](do))
+            fwd, fwd_bwd = timed_functions(impls[name], causal)
             try:
                 _warm_up(fwd, (q, k, v))
                 _warm_up(fwd_bwd, (q, k, v, do))
