@@ -12,7 +12,9 @@ the turn order rotates from round to round (round r starts with the r-th impleme
 board's power management moves the clock in waves of tens of milliseconds (4-6 calls of 12 ms in
 session 44's traces), about one turn's length, so a fixed order meets each implementation at the
 same phase every round (on an H100, swapping two implementations' places moved their 16k forward
-short-round figures by 7-8%, cuda/sm90/NOTES.md session 44).
+short-round figures by 7-8%, cuda/sm90/NOTES.md session 44). Rotation costs nothing and treats
+every implementation alike; on the grid's ratios it has measured as noise (session 45, H100: the
+mean backward ratio of six H = 128 cells over two passes 0.988 rotated vs 0.989 fixed).
 `--fixed-order` keeps the same order in every round (the method before session 44).
 TFLOP/s counts 4*B*N*T*S*H for the forward (halved when causal), 2.5x that for the backward.
 The fwd+bwd column (3.5x over time(fwd + bwd)) is the training step's figure without the
