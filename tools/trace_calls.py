@@ -11,7 +11,8 @@ its Perfetto export, so the loop's own kernel times, gaps and wall span can be p
 Per cell and implementation: for the forward loop and the forward + backward loop, the median
 per-call duration of each kernel (names shortened), the per-call kernel sum, the per-call span
 (first kernel start to the next call's first kernel start), the idle share of that span and the
-longest kernel's range over the calls (the clock settling under load shows there).
+longest kernel's range over the calls (the clock settling under load shows there); then the
+backward as the benchmark's bwd column takes it, span(fwd + bwd) - span(fwd).
 Cells are H:S:causal with the benchmark's shapes (B*S = 16k tokens, N*H = 2048), bf16 unless
 --dtype says otherwise.
 """
@@ -103,6 +104,16 @@ def _summary(events, n_calls):
             "per_call": spread}
 
 
+def backward_from_spans(spans):
+    """The backward's time per call as the benchmark's bwd column takes it (time(fwd + bwd) -
+    time(fwd)), from the two loops' median spans; None unless both loops were read and the
+    difference is positive."""
+    if "fwd" not in spans or "fwd+bwd" not in spans:
+        return None
+    d = spans["fwd+bwd"] - spans["fwd"]
+    return d if d > 0 else None
+
+
 def _trace_loop(fn, args, calls):
     """The device kernels of `calls` back-to-back calls of fn, as the benchmark's rounds run them."""
     import jax
@@ -145,18 +156,24 @@ def main(argv=None):
             except Exception as e:  # noqa: BLE001 - report and go on with the next implementation
                 print(f"- {name}: {type(e).__name__}: {str(e)[:300]}")
                 continue
+            spans = {}
             for label, mult in (("fwd", 1.0), ("fwd+bwd", 3.5)):
                 evs = loops[label]
                 r = _summary(evs, a.calls)
                 if "error" in r:
                     print(f"- {name} {label}: {r['error']}")
                     continue
+                spans[label] = r["span"]
                 ks_txt = ", ".join(f"{n} {t:.0f}" for n, t in r["kernels"])
                 print(f"- {name} {label}: span {r['span']:.0f} ({mult * flops / r['span'] / 1e6:.0f} TFLOP/s), "
                       f"kernel sum {r['sum']:.0f}, idle {100 * r['idle']:.1f}% | {ks_txt} | "
                       f"{r['longest'][0]} over the calls {r['longest'][1]:.0f}-{r['longest'][2]:.0f}")
                 if a.per_call:
                     print(f"    {r['longest'][0]} per call: {' '.join(f'{x:.0f}' for x in r['per_call'])}")
+            bwd = backward_from_spans(spans)
+            if bwd is not None:
+                print(f"- {name} bwd (span(fwd+bwd) - span(fwd), the benchmark's bwd column): {bwd:.0f} "
+                      f"({2.5 * flops / bwd / 1e6:.0f} TFLOP/s)")
     return 0
 
 
