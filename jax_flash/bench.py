@@ -175,9 +175,22 @@ def timed_functions(impl, causal):
     return fwd, fwd_bwd
 
 
+# FlashAttention's FLOP count: the backward is 2.5x the forward (five GEMMs against two).
+BWD_FLOP_FACTOR = 2.5
+FWD_BWD_FLOP_FACTOR = 1.0 + BWD_FLOP_FACTOR
+
+
 def forward_flops(B, S, N, H, causal):
-    """4*B*N*S*S*H, halved when causal (the backward counts 2.5x, fwd + bwd 3.5x)."""
+    """4*B*N*S*S*H, halved when causal (the backward counts BWD_FLOP_FACTOR times that)."""
     return 4 * B * N * S * S * H / (2 if causal else 1)
+
+
+def grid_cell(spec, tokens=16384, model_dim=2048):
+    """'H:S:causal' (e.g. '128:4096:1') -> (B, S, N, H, causal) on the ANCHORS grid: B*S = tokens,
+    N*H = model_dim. The GPU probe tools (tools/trace_calls.py, kernel_times.py, dispatch_probe.py)
+    name their cells this way."""
+    H, S, causal = (int(x) for x in spec.split(":"))
+    return max(1, tokens // S), S, max(1, model_dim // H), H, bool(causal)
 
 
 def run_cell(impls, B, S, N, H, causal, dtype, rounds, calls, measure_memory, sustained=0.0, rotate=True):
@@ -218,14 +231,14 @@ def run_cell(impls, B, S, N, H, causal, dtype, rounds, calls, measure_memory, su
             "fwd_ms": t_f * 1e3,
             "bwd_ms": (t_fb - t_f) * 1e3,
             "fwd_tflops": flops / t_f / 1e12,
-            "bwd_tflops": 2.5 * flops / max(t_fb - t_f, 1e-9) / 1e12,
-            "fwdbwd_tflops": 3.5 * flops / t_fb / 1e12,
+            "bwd_tflops": BWD_FLOP_FACTOR * flops / max(t_fb - t_f, 1e-9) / 1e12,
+            "fwdbwd_tflops": FWD_BWD_FLOP_FACTOR * flops / t_fb / 1e12,
         }
         if sustained > 0:
             (f_s, f_win), (fb_s, fb_win) = (_time_sustained(fn, args, sustained, t)
                                             for fn, args, t in ((fwd, (q, k, v), t_f), (fwd_bwd, (q, k, v, do), t_fb)))
             res["fwd_sus_tflops"] = flops / f_s / 1e12
-            res["bwd_sus_tflops"] = 2.5 * flops / max(fb_s - f_s, 1e-9) / 1e12
+            res["bwd_sus_tflops"] = BWD_FLOP_FACTOR * flops / max(fb_s - f_s, 1e-9) / 1e12
             res["_windows"] = (f_win, fb_win)
         if measure_memory(name):
             res["fwd_peak_mb"] = (_peak_bytes(fwd, (q, k, v)) or 0) / 2**20

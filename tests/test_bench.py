@@ -111,3 +111,13 @@ def test_clock_sampler_averages_the_window(tmp_path, monkeypatch):
     mhz, _ = sampler.window(t_switch - 0.3, t_switch - 0.05)
     assert mhz == pytest.approx(1500)
     assert sampler.window(t1 + 10, t1 + 11) == (None, None)
+
+
+@pytest.mark.parametrize("spec, cell", [
+    ("128:4096:1", (4, 4096, 16, 128, True)),
+    ("256:16384:0", (1, 16384, 8, 256, False)),
+    ("64:1024:0", (16, 1024, 32, 64, False)),
+])
+def test_grid_cell_names_the_anchors_grid(spec, cell):
+    """The GPU probe tools' 'H:S:causal' cells: B*S = 16k tokens and N*H = 2048, as the grid."""
+    assert bench.grid_cell(spec) == cell

@@ -22,7 +22,7 @@ def main():
     import jax
     import jax.numpy as jnp
 
-    from jax_flash.bench import _implementations, cell_inputs, timed_functions
+    from jax_flash.bench import _implementations, cell_inputs, grid_cell, timed_functions
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--cells", nargs="+", default=["128:1024:1"])
@@ -34,13 +34,12 @@ def main():
     dtype = jnp.dtype(a.dtype)
     print(f"{'cell':>12} {'impl':>10} {'host_us':>8} {'steady_us':>9} {'bench_us':>8} {'single_us':>9}")
     for cell in a.cells:
-        H, S, causal = (int(x) for x in cell.split(":"))
-        B, N = 16384 // S, 2048 // H
+        B, S, N, H, causal = grid_cell(cell)
         q, k, v, do = cell_inputs(B, S, N, H, dtype)
         for name in a.impls:
             if name not in impls:
                 continue
-            fwd, fwd_bwd = timed_functions(impls[name], bool(causal))
+            fwd, fwd_bwd = timed_functions(impls[name], causal)
             fn, args = (fwd_bwd, (q, k, v, do)) if a.bwd else (fwd, (q, k, v))
             try:
                 jax.block_until_ready(fn(*args))

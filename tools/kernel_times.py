@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import csv
 import ctypes
-import math
 import sys
 
 
@@ -47,7 +46,7 @@ def measure(impl_name, cells, dtype_name):
     import jax
     import jax.numpy as jnp
 
-    from jax_flash.bench import _implementations, cell_inputs, forward_flops, timed_functions
+    from jax_flash.bench import _implementations, cell_inputs, forward_flops, grid_cell, timed_functions
 
     impl = _implementations(True)[impl_name]
     dtype = jnp.dtype(dtype_name)
@@ -56,10 +55,9 @@ def measure(impl_name, cells, dtype_name):
     jax.block_until_ready(marker(mx))
     runs = []
     for cell in cells:
-        H, S, causal = (int(x) for x in cell.split(":"))
-        B, N = 16384 // S, 2048 // H
+        B, S, N, H, causal = grid_cell(cell)
         q, k, v, do = cell_inputs(B, S, N, H, dtype)
-        fwd, fb = timed_functions(impl, bool(causal))
+        fwd, fb = timed_functions(impl, causal)
         try:
             jax.block_until_ready(fwd(q, k, v))
             jax.block_until_ready(fb(q, k, v, do))
@@ -107,6 +105,8 @@ def report(csv_path, order_path):
     """Kernel times per run; with more metrics than the duration in the CSV, also each metric
     summed over a run's kernels per GFLOP of the run (the backward's rows: the whole fwd+bwd call),
     to set two implementations' executed work side by side."""
+    from jax_flash.bench import BWD_FLOP_FACTOR, FWD_BWD_FLOP_FACTOR
+
     runs = [line.split() for line in open(order_path) if line.strip() and not line.startswith("#")]
     with open(csv_path) as f:
         rows = [r for r in csv.reader(line for line in f if line.startswith('"'))]
@@ -130,7 +130,7 @@ def report(csv_path, order_path):
             fwd_us[key] = total
             tf = float(flops) / total / 1e6
         else:
-            tf = 2.5 * float(flops) / max(total - fwd_us.get(key, 0.0), 1e-9) / 1e6
+            tf = BWD_FLOP_FACTOR * float(flops) / max(total - fwd_us.get(key, 0.0), 1e-9) / 1e6
         lst = ", ".join(f"{n.split('(')[0][-40:]} {m['gpu__time_duration.sum']:.0f}" for n, m in ks)
         print(f"| {impl} | {dt} | {h} {s} {c} | {what} | {lst} | {total:.0f} | {tf:.0f} |")
     metrics = sorted({k for ks in groups for _, m in ks for k in m} - {"gpu__time_duration.sum"})
@@ -140,7 +140,7 @@ def report(csv_path, order_path):
         print("|---|---|---|---|" + "---|" * len(metrics))
         for run, ks in zip(runs, groups):
             impl, dt, h, s, c, what, flops = run
-            gflop = float(flops) * (3.5 if what != "fwd" else 1.0) / 1e9
+            gflop = float(flops) * (FWD_BWD_FLOP_FACTOR if what != "fwd" else 1.0) / 1e9
             vals = [sum(m.get(k, 0.0) for _, m in ks) / gflop for k in metrics]
             print(f"| {impl} | {dt} | {h} {s} {c} | {what} | " + " | ".join(f"{v:.4g}" for v in vals) + " |")
 

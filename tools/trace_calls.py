@@ -137,13 +137,12 @@ def main(argv=None):
 
     import jax.numpy as jnp
 
-    from jax_flash.bench import _implementations, _warm_up, cell_inputs, forward_flops, timed_functions
+    from jax_flash.bench import (BWD_FLOP_FACTOR, FWD_BWD_FLOP_FACTOR, _implementations, _warm_up, cell_inputs,
+                                 forward_flops, grid_cell, timed_functions)
 
     impls = _implementations(True)
     for cell in a.cells:
-        H, S, causal = (int(x) for x in cell.split(":"))
-        causal = bool(causal)
-        B, N = 16384 // S, 2048 // H
+        B, S, N, H, causal = grid_cell(cell)
         q, k, v, do = cell_inputs(B, S, N, H, jnp.dtype(a.dtype))
         flops = forward_flops(B, S, N, H, causal)
         print(f"\n## H={H} S={S} causal={causal} {a.dtype} (B={B}, N={N}), {a.calls} calls per loop; us per call")
@@ -157,7 +156,7 @@ def main(argv=None):
                 print(f"- {name}: {type(e).__name__}: {str(e)[:300]}")
                 continue
             spans = {}
-            for label, mult in (("fwd", 1.0), ("fwd+bwd", 3.5)):
+            for label, mult in (("fwd", 1.0), ("fwd+bwd", FWD_BWD_FLOP_FACTOR)):
                 evs = loops[label]
                 r = _summary(evs, a.calls)
                 if "error" in r:
@@ -173,7 +172,7 @@ def main(argv=None):
             bwd = backward_from_spans(spans)
             if bwd is not None:
                 print(f"- {name} bwd (span(fwd+bwd) - span(fwd), the benchmark's bwd column): {bwd:.0f} "
-                      f"({2.5 * flops / bwd / 1e6:.0f} TFLOP/s)")
+                      f"({BWD_FLOP_FACTOR * flops / bwd / 1e6:.0f} TFLOP/s)")
     return 0
 
 

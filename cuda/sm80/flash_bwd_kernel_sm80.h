@@ -102,6 +102,12 @@ __device__ __forceinline__ void load_q_do_tile(const FlashBwdParams& p, const Se
   copy_pred(gcopy, tdOgdO, ddOs, tQcQ, mask.q_len - m * kBlockM, p.head_dim);
 }
 
+// JF_SM80_BWD_LSE_INF_ALWAYS=1 (experiment, not yet run on a GPU; NOTES.md sessions 46-47): every
+// kernel, not only kExtras, maps lse = -inf to +inf, and the per-element select on P goes.
+#ifndef JF_SM80_BWD_LSE_INF_ALWAYS
+#define JF_SM80_BWD_LSE_INF_ALWAYS 0
+#endif
+
 template <typename Kt, bool kSoftcap, bool kExtras>
 __global__ void __launch_bounds__(Kt::kNThreads) flash_bwd_dkdv_kernel(const FlashBwdParams p, int n_block_offset,
                                                                         int64_t acc_rows, int64_t acc_cols) {
@@ -262,9 +268,10 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_bwd_dkdv_kernel(const Fla
     }
 
     // Row statistics from the forward / preprocess (rows past seqlen_q are all-masked). With
-    // extras, rows with no visible key (lse = -inf) get +inf here, so P = exp2(x - inf) = 0 for
-    // any x, also where a finite logit meets a -inf bias. (Without extras such rows only occur
-    // in masked tiles, where every logit is -inf and P is forced to 0.)
+    // extras (or JF_SM80_BWD_LSE_INF_ALWAYS), rows with no visible key (lse = -inf) get +inf here,
+    // so P = exp2(x - inf) = 0 for any x: a masked logit (where -inf + inf would be NaN) or a
+    // finite logit meeting a -inf bias. Otherwise such rows only occur in masked tiles, where
+    // every logit is -inf and the select below forces P to 0.
     float lse_l2[kRows], dsum_r[kRows];
     const float* lse_ptr = p.lse + (int64_t(b) * p.heads_q + h) * p.seqlen_q;
     const float* dsum_ptr = p.dsum + row_stats_offset(p, b, h);
@@ -272,7 +279,7 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_bwd_dkdv_kernel(const Fla
     for (int mi = 0; mi < kRows; ++mi) {
       const int r = row0 + get<0>(tScS_rc(mi, 0));
       const float l = r < p.seqlen_q ? lse_ptr[r] : 0.f;
-      lse_l2[mi] = kExtras && l == -INFINITY ? INFINITY : l * kLog2e;
+      lse_l2[mi] = JF_SM80_BWD_LSE_INF_ALWAYS || kExtras ? (l == -INFINITY ? INFINITY : l * kLog2e) : l * kLog2e;
       dsum_r[mi] = r < p.seqlen_q ? dsum_ptr[r] : 0.f;
     }
 
@@ -324,8 +331,9 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_bwd_dkdv_kernel(const Fla
         for (int ni = 0; ni < size<1>(s_rc); ++ni) {
           const float t = s_rc(mi, ni);
           float pv = fast_exp2(fmaf(t, scale_log2, -lse_l2[mi]));
-          pv = t == -INFINITY ? 0.f : pv;
+          if (!JF_SM80_BWD_LSE_INF_ALWAYS) pv = t == -INFINITY ? 0.f : pv;
           float ds = pv * (dp_rc(mi, ni) - dsum_r[mi]);
+          // softcap: a masked t (-inf) would make the factor -inf and 0 * -inf NaN.
           if (softcap_on) ds = t == -INFINITY ? 0.f : ds * (1.f - t * t);
           s_rc(mi, ni) = pv;
           dp_rc(mi, ni) = ds;

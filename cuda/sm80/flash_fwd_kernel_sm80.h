@@ -32,7 +32,7 @@ template <typename Kt, bool kSoftcap, bool kExtras, bool kEven = false>
 __global__ void __launch_bounds__(Kt::kNThreads) flash_fwd_kernel(const FlashFwdParams p) {
   static_assert(!(kSoftcap && kExtras), "the kExtras variant handles softcap at runtime");
   static_assert(!(kEven && kExtras), "kEven is for the default variants only");
-  static_assert(!kEven || Kt::kLean, "kEven is built for FwdTraits::kLean configurations only");
+  static_assert(!kEven || Kt::kEvenVariant, "kEven is built for FwdTraits::kEvenVariant configurations only");
   using Element = typename Kt::Element;
   constexpr int kBlockM = Kt::kBlockM;
   constexpr int kBlockN = Kt::kBlockN;

@@ -55,11 +55,14 @@ struct TraitsBase {
 // per-row key ranges computed once per CTA (apply_mask_rows) instead of per-tile SeqMask
 // arithmetic. Measured per head dim (NOTES.md "Session 12"): H=256 +16% (its spills go from 60 B
 // to 0), H=128 -8% and H=64 -6% (H=128's spills grow 148 -> 192 B), so only H=256 takes it.
-template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, bool kLean_ = false>
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, bool kLean_ = false,
+          bool kEvenVariant_ = kLean_>
 struct FwdTraits : TraitsBase<Element_, kHeadDim_, kNWarps_> {
   using Base = TraitsBase<Element_, kHeadDim_, kNWarps_>;
   using Element = Element_;
   static constexpr bool kLean = kLean_;
+  // The launcher may pick flash_fwd_kernel's predicate-free kEven variant for aligned shapes.
+  static constexpr bool kEvenVariant = kEvenVariant_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kHeadDim = kHeadDim_;

@@ -38,7 +38,7 @@ cudaError_t launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
     };
     JF_BOOL_SWITCH(p.softcap > 0.f, kSoftcap, [&] {
       using Softcap = std::integral_constant<bool, kSoftcap>;
-      if constexpr (Kt::kLean) {
+      if constexpr (Kt::kEvenVariant) {
         if (even) run(Softcap{}, std::true_type{}); else run(Softcap{}, std::false_type{});
       } else {
         run(Softcap{}, std::false_type{});
@@ -98,9 +98,15 @@ cudaError_t launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
 // --- tile configurations ---
 // Forward: 4 warps, each owning 16-row slices of the query block.
 template <typename T, int kHeadDim> struct FwdConfig;
-template <typename T> struct FwdConfig<T, 32> { using type = FwdTraits<T, 32, 128, 64, 4>; };
-template <typename T> struct FwdConfig<T, 64> { using type = FwdTraits<T, 64, 128, 64, 4>; };
-template <typename T> struct FwdConfig<T, 96> { using type = FwdTraits<T, 96, 128, 64, 4>; };
+// JF_SM80_FWD_EVEN=1 (experiment, not yet run on a GPU; NOTES.md sessions 46-47): H <= 128 also
+// get the predicate-free kEven variant for aligned shapes, without kLean's row masks (H=256's
+// kLean configuration has it regardless).
+#ifndef JF_SM80_FWD_EVEN
+#define JF_SM80_FWD_EVEN 0
+#endif
+template <typename T> struct FwdConfig<T, 32> { using type = FwdTraits<T, 32, 128, 64, 4, false, JF_SM80_FWD_EVEN>; };
+template <typename T> struct FwdConfig<T, 64> { using type = FwdTraits<T, 64, 128, 64, 4, false, JF_SM80_FWD_EVEN>; };
+template <typename T> struct FwdConfig<T, 96> { using type = FwdTraits<T, 96, 128, 64, 4, false, JF_SM80_FWD_EVEN>; };
 // JF_SM80_FWD128_M / _N / _WARPS override the hd128 tile (experiments: the 128 x 64 tile with 4
 // warps keeps 32 rows of O per warp, 128 + 64 accumulator registers per thread, and spills).
 #ifndef JF_SM80_FWD128_M
@@ -113,7 +119,7 @@ template <typename T> struct FwdConfig<T, 96> { using type = FwdTraits<T, 96, 12
 #define JF_SM80_FWD128_WARPS 4
 #endif
 template <typename T> struct FwdConfig<T, 128> {
-  using type = FwdTraits<T, 128, JF_SM80_FWD128_M, JF_SM80_FWD128_N, JF_SM80_FWD128_WARPS>;
+  using type = FwdTraits<T, 128, JF_SM80_FWD128_M, JF_SM80_FWD128_N, JF_SM80_FWD128_WARPS, false, JF_SM80_FWD_EVEN>;
 };
 template <typename T> struct FwdConfig<T, 256> { using type = FwdTraits<T, 256, 64, 64, 4, /*kLean=*/true>; };
 
