@@ -185,12 +185,17 @@ def forward_flops(B, S, N, H, causal):
     return 4 * B * N * S * S * H / (2 if causal else 1)
 
 
+def grid_batch_heads(S, H, tokens=16384, model_dim=2048):
+    """(B, N) of a grid cell: B*S = tokens, N*H = model_dim (at least 1 each)."""
+    return max(1, tokens // S), max(1, model_dim // H)
+
+
 def grid_cell(spec, tokens=16384, model_dim=2048):
-    """'H:S:causal' (e.g. '128:4096:1') -> (B, S, N, H, causal) on the ANCHORS grid: B*S = tokens,
-    N*H = model_dim. The GPU probe tools (tools/trace_calls.py, kernel_times.py, dispatch_probe.py)
-    name their cells this way."""
+    """'H:S:causal' (e.g. '128:4096:1') -> (B, S, N, H, causal) on the ANCHORS grid. The GPU probe
+    tools (tools/trace_calls.py, kernel_times.py, dispatch_probe.py) name their cells this way."""
     H, S, causal = (int(x) for x in spec.split(":"))
-    return max(1, tokens // S), S, max(1, model_dim // H), H, bool(causal)
+    B, N = grid_batch_heads(S, H, tokens, model_dim)
+    return B, S, N, H, bool(causal)
 
 
 def run_cell(impls, B, S, N, H, causal, dtype, rounds, calls, measure_memory, sustained=0.0, rotate=True):
@@ -303,8 +308,8 @@ def main(argv=None):
         for H in a.head_dims:
             for S in a.seqlens:
                 for causal in causals:
-                    B = a.batch or max(1, a.tokens // S)
-                    N = a.heads or max(1, a.model_dim // H)
+                    B, N = grid_batch_heads(S, H, a.tokens, a.model_dim)
+                    B, N = a.batch or B, a.heads or N
                     row = {"dtype": dtype, "H": H, "S": S, "B": B, "N": N, "causal": causal, "results": {}}
                     cell = {n: f for n, f in impls.items()
                             if not (n == "xla" and B * N * S * S * 4 > a.xla_max_gb * 1e9)}
