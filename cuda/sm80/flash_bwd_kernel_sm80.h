@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(Kt::kNThreads) flash_bwd_dkdv_kernel(const Fla
     for (int mi = 0; mi < kRows; ++mi) {
       const int r = row0 + get<0>(tScS_rc(mi, 0));
       const float l = r < p.seqlen_q ? lse_ptr[r] : 0.f;
-      lse_l2[mi] = JF_SM80_BWD_LSE_INF_ALWAYS || kExtras ? (l == -INFINITY ? INFINITY : l * kLog2e) : l * kLog2e;
+      lse_l2[mi] = (JF_SM80_BWD_LSE_INF_ALWAYS || kExtras) && l == -INFINITY ? INFINITY : l * kLog2e;
       dsum_r[mi] = r < p.seqlen_q ? dsum_ptr[r] : 0.f;
     }
 
