@@ -185,12 +185,17 @@ def forward_flops(B, S, N, H, causal):
     return 4 * B * N * S * S * H / (2 if causal else 1)
 
 
-def grid_batch_heads(S, H, tokens=16384, model_dim=2048):
+# The ANCHORS grid's fixed sizes: B*S tokens and N*H model width per cell.
+GRID_TOKENS = 16384
+GRID_MODEL_DIM = 2048
+
+
+def grid_batch_heads(S, H, tokens=GRID_TOKENS, model_dim=GRID_MODEL_DIM):
     """(B, N) of a grid cell: B*S = tokens, N*H = model_dim (at least 1 each)."""
     return max(1, tokens // S), max(1, model_dim // H)
 
 
-def grid_cell(spec, tokens=16384, model_dim=2048):
+def grid_cell(spec, tokens=GRID_TOKENS, model_dim=GRID_MODEL_DIM):
     """'H:S:causal' (e.g. '128:4096:1') -> (B, S, N, H, causal) on the ANCHORS grid. The GPU probe
     tools (tools/trace_calls.py, kernel_times.py, dispatch_probe.py) name their cells this way."""
     H, S, causal = (int(x) for x in spec.split(":"))
@@ -274,8 +279,8 @@ def main(argv=None):
     p.add_argument("--causal", choices=["no", "yes", "both"], default="both" if on_gpu else "no")
     p.add_argument("--dtypes", nargs="+", choices=["bfloat16", "float16", "float32"],
                    default=["bfloat16", "float16"] if on_gpu else ["float32"])
-    p.add_argument("--tokens", type=_positive, default=16384, help="B*S (GPU grid)")
-    p.add_argument("--model-dim", type=_positive, default=2048, help="N*H (GPU grid)")
+    p.add_argument("--tokens", type=_positive, default=GRID_TOKENS, help="B*S (GPU grid)")
+    p.add_argument("--model-dim", type=_positive, default=GRID_MODEL_DIM, help="N*H (GPU grid)")
     p.add_argument("--batch", type=_positive, default=None, help="fixed B (default tokens // S)")
     p.add_argument("--heads", type=_positive, default=None, help="fixed N (default model_dim // H)")
     p.add_argument("--impls", nargs="+", default=None, help="subset of implementations to run")
@@ -290,7 +295,7 @@ def main(argv=None):
     p.add_argument("--json", help="write the results as JSON here")
     p.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
     a = p.parse_args(argv)
-    if not on_gpu and a.batch is None and a.heads is None and a.tokens == 16384:
+    if not on_gpu and a.batch is None and a.heads is None and a.tokens == GRID_TOKENS:
         a.batch, a.heads = 1, 2  # CPU default: one sequence, two heads
 
     impls = _implementations(on_gpu)
