@@ -102,10 +102,11 @@ __device__ __forceinline__ void load_q_do_tile(const FlashBwdParams& p, const Se
   copy_pred(gcopy, tdOgdO, ddOs, tQcQ, mask.q_len - m * kBlockM, p.head_dim);
 }
 
-// JF_SM80_BWD_LSE_INF_ALWAYS=1 (experiment, not yet run on a GPU; NOTES.md sessions 46-47): every
-// kernel, not only kExtras, maps lse = -inf to +inf, and the per-element select on P goes.
+// Every kernel, not only kExtras, maps lse = -inf to +inf, so the per-element select on P goes
+// (session 49, H100 harness A/B: +0-1% at H=128; NOTES.md). JF_SM80_BWD_LSE_INF_ALWAYS=0 builds
+// the select back (A/B).
 #ifndef JF_SM80_BWD_LSE_INF_ALWAYS
-#define JF_SM80_BWD_LSE_INF_ALWAYS 0
+#define JF_SM80_BWD_LSE_INF_ALWAYS 1
 #endif
 
 template <typename Kt, bool kSoftcap, bool kExtras>
