@@ -17,10 +17,15 @@ def load_rows(path):
     return list(csv.DictReader(io.StringIO(text[start:])))
 
 
-def opcode(row):
-    """The row's opcode without predicate and modifiers (HGMMA, FMNMX, ...), "?" for none."""
-    toks = [t for t in row.get("Source", "").strip().split() if not t.startswith("@")]
+def sass_opcode(text):
+    """A SASS instruction's opcode without predicate and modifiers (HGMMA, FMNMX, ...), "?" for none."""
+    toks = [t for t in text.strip().split() if not t.startswith("@")]
     return toks[0].split(".")[0] if toks else "?"
+
+
+def opcode(row):
+    """The ncu source row's opcode (sass_opcode of its Source column)."""
+    return sass_opcode(row.get("Source", ""))
 
 
 def number(x):

@@ -20,19 +20,19 @@ import collections
 import re
 import sys
 
+from ncu_source_summary import sass_opcode
+
 _INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 
 
 def kernel(path, regex):
     """[(address, instruction text)] of the first function whose mangled name matches regex."""
-    out, on, found = [], False, None
+    out, on = [], False
     for line in open(path):
         if "Function :" in line:
             if on:
                 break
-            name = line.split("Function :", 1)[1].strip()
-            on = re.search(regex, name) is not None
-            found = name if on else found
+            on = re.search(regex, line.split("Function :", 1)[1].strip()) is not None
             continue
         m = _INSTR.match(line) if on else None
         if m:
@@ -40,12 +40,6 @@ def kernel(path, regex):
     if not out:
         sys.exit(f"no kernel matching {regex!r} in {path}")
     return out
-
-
-def opcode(text):
-    if text.startswith("@"):
-        text = text.split(None, 1)[1]
-    return text.split()[0].split(".")[0]
 
 
 def in_ranges(ranges):
@@ -86,7 +80,7 @@ def main(argv):
         counts = []
         for path, regex, ranges in ((argv[1], argv[2], argv[3]), (argv[4], argv[5], argv[6])):
             keep = in_ranges(ranges)
-            counts.append(collections.Counter(opcode(t) for a, t in kernel(path, regex) if keep(a)))
+            counts.append(collections.Counter(sass_opcode(t) for a, t in kernel(path, regex) if keep(a)))
         a, b = counts
         print(f"instructions per pass: A {sum(a.values())}, B {sum(b.values())}")
         for op in sorted(set(a) | set(b), key=lambda k: (-abs(a[k] - b[k]), k)):
