@@ -70,6 +70,12 @@
 #define JF_BWD_DKV_BY_ROLE 1
 #endif
 
+// 1: the producer prefetches the next tile's K / V into L2 once it has issued this tile's loads
+// (experiment, session 50).
+#ifndef JF_BWD_KV_PREFETCH
+#define JF_BWD_KV_PREFETCH 0
+#endif
+
 // 1: masked steps test each element against the step's TileMask (32-bit compares, mask.h; v77);
 // 0: against SeqMask::visible in 64-bit arithmetic (the A/B baseline).
 #ifndef JF_BWD_TILE_MASK
@@ -751,11 +757,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       auto wr = cutlass::make_producer_start_state<typename T::Pipeline>();
       auto wr_do = cutlass::make_producer_start_state<typename T::PipelinedO>();
       int loaded = 0;
+      BwdProducerTimeline ptl;
+      ptl.init(kp.timeline, kProducerTimelineOffset, blockIdx.x == 0);
       int claimed = int(blockIdx.x);  // dynamic: the CTA's first tile is its own index
       auto claim_next = [&] {  // dynamic: the next tile (the counter counts tiles past the first grid)
         if constexpr (Dynamic) claimed = atomicAdd(kp.tile_counter, 1) + int(gridDim.x);
       };
       for (int r = 0;; ++r) {
+        ptl.mark(kBProdTop);
         if constexpr (Dynamic) {  // hand this round's tile to the consumers and dQ writers
           int const slot = r % T::kTileRing;
           ss.tile_empty[slot].wait(((r / T::kTileRing) & 1) ^ 1);  // passes at once in the first rounds
@@ -767,11 +776,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         TileCoord const t = w.t;
         int const n_iters = w.n_iters;
         if (n_iters == 0) {
+          ptl.end_tile();
           claim_next();
           continue;
         }
         // K / V are single-buffered: the previous tile's consumers must be done with them.
         if (loaded > 0) ss.barrier_kv_empty.wait((loaded - 1) & 1);
+        ptl.mark(kBProdKVFree);
         Tensor gK = local_tile(mK_all(_, _, t.h, t.b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));
         Tensor gV = local_tile(mV_all(_, _, t.h, t.b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));
         ss.barrier_kv.arrive_and_expect_tx(2 * T::kBytesK);
@@ -779,6 +790,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
              ck.partition_S(gK), ck.partition_D(sK));
         copy(kp.tma_v.with(reinterpret_cast<BarrierT&>(ss.barrier_kv), 0, TMA::CacheHintSm90::EVICT_FIRST),
              cv.partition_S(gV), cv.partition_D(sV));
+        ptl.mark(kBProdKVIssued);
         BwdStep st = w.first_step();
         for (int it = 0; it < n_iters; ++it, w.next_step(st)) {
           int const hq = st.hq, m = st.m;
@@ -797,10 +809,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
                                    kBlockM * sizeof(float));
           ++wr;
           ++wr_do;
+          if (it == 0) ptl.mark(kBProdQIssued);
         }
+        ptl.end_tile();
         ++loaded;
         // Dynamic: the next tile is claimed once this one's loads are all issued, near its end.
         claim_next();
+        if constexpr (JF_BWD_KV_PREFETCH) {
+          // The next tile's K / V into L2 now (its Q / dO loads are out, a few steps before the
+          // tile's end), so its TMA loads, which wait for this tile's consumers to release K / V,
+          // hit L2 instead of HBM at the tile boundary.
+          BwdTile const nw = Dynamic ? bwd_tile<T, Segments>(kp, claimed) : bwd_static_tile<T, Segments, SplitTail>(kp, r + 1);
+          if (!nw.done && nw.n_iters > 0) {
+            cute::prefetch(kp.tma_k, ck.partition_S(local_tile(mK_all(_, _, nw.t.h, nw.t.b), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                                                              make_coord(nw.t.m_block, _0{}))));
+            cute::prefetch(kp.tma_v, cv.partition_S(local_tile(mV_all(_, _, nw.t.h, nw.t.b), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                                                              make_coord(nw.t.m_block, _0{}))));
+          }
+        }
       }
       pipe_q.producer_tail(wr);
       pipe_do.producer_tail(wr_do);
@@ -895,6 +921,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   };
   BwdStepTimeline tl;
   tl.init(kp.timeline, wg, blockIdx.x == 0 && tidx % 128 == 0);
+  BwdTileTimeline ttl;
+  ttl.init(kp.timeline, tile_timeline_offset(wg), blockIdx.x == 0 && tidx % 128 == 0);
   int loaded = 0;
   // kAsyncDS: steps run so far by this CTA; step c's dS goes to buffer c % 2 (use c / 2).
   int ds_count = 0;
@@ -922,6 +950,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
   for (int r = 0;; ++r) {
     BwdTile const w = bwd_round_tile<T, Segments, Dynamic, SplitTail>(kp, ss, r);
     if (w.done) break;
+    ttl.mark(kBTileStart);
+    ttl.set(kBTileSteps, w.n_iters);
     int const n_block = w.t.m_block, h_kv = w.t.h, b = w.t.b;
     SeqMask msk = make_seq_mask(p, b);
     if constexpr (T::kUnboundedOnly) {  // no causal / window bound: only the lengths mask (constants free registers)
@@ -945,6 +975,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
     if constexpr (!T::kdKVByRole) clear(tdKrdK);
     if (n_iters > 0) {
       ss.barrier_kv.wait(loaded & 1);
+      ttl.mark(kBTileKVReady);
       if constexpr (T::kdKVInDQStage) {  // the previous epilogue's dK / dV stores have read the dQ staging buffer
         wg_wait_bulk_reads(tidx, kBwdBarEpilogue + wg);
       }
@@ -1361,6 +1392,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       }
       ss.barrier_kv_empty.arrive();  // the last dQ GEMM (the last reader of K / V) has completed
       ++loaded;
+      ttl.mark(kBTileLoopEnd);
     }
     // Epilogue: dK = scale * dS^T Q, dV; keys past seqlen_k (and columns past head_dim) are dropped.
     // This WG's 64 keys x kdKVCols: dV then dK through its smem buffer, one TMA store each (the
@@ -1407,6 +1439,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       }
       if (tidx % 128 == 0) cute::tma_store_wait<0>();  // the next tile's first step writes P / dS here
       named_sync(T::kMmaThreads, kBwdBarDS);
+      ttl.mark(kBTileStored);
+      ttl.end_tile();
       continue;
     }
     Tensor rdV = make_tensor_like<Element>(tdVrdV);
@@ -1437,6 +1471,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       if (tidx % 128 == 0) cute::tma_store_wait<0>();
       named_sync(T::kMmaThreads, kBwdBarDS);
     }
+    ttl.mark(kBTileStored);
+    ttl.end_tile();
   }
   wg_bulk_drain(tidx);  // the last dK / dV store (and, head-dim split, dQ reduce-add)
 }

@@ -118,10 +118,21 @@ using StepTimeline = StepTimelineT<false>;
 using TileTimeline = TileRecordT<false, kTileMarks>;
 using ProducerTimeline = TileRecordT<false, kProdMarks>;
 #endif
+// Backward, per tile (same regions as the forward's tile records): a consumer WG's tile known,
+// K / V landed, steps done (K / V released), dK / dV stored (the next tile may write the epilogue
+// buffers), then the tile's step count; the producer's round top, K / V free (previous tile's
+// consumers released them), K / V issued, first Q / dO issued.
+enum BwdTileMark { kBTileStart, kBTileKVReady, kBTileLoopEnd, kBTileStored, kBTileSteps, kBTileMarks };
+enum BwdProdMark { kBProdTop, kBProdKVFree, kBProdKVIssued, kBProdQIssued, kBProdMarks };
+static_assert(kBTileMarks <= kTileMarks && kBProdMarks <= kProdMarks, "backward tile records fit the forward's regions");
 #ifdef JF_BWD_TIMELINE
 using BwdStepTimeline = StepTimelineT<true>;
+using BwdTileTimeline = TileRecordT<true, kTileMarks>;
+using BwdProducerTimeline = TileRecordT<true, kProdMarks>;
 #else
 using BwdStepTimeline = StepTimelineT<false>;
+using BwdTileTimeline = TileRecordT<false, kTileMarks>;
+using BwdProducerTimeline = TileRecordT<false, kProdMarks>;
 #endif
 
 }  // namespace jax_flash::sm90

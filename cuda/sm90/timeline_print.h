@@ -82,4 +82,60 @@ inline void print_tile_timeline(uint32_t const* dbuf, char const* title) {
            psum[0] / pn, psum[1] / pn, psum[2] / pn, psum[3] / pn, psum[4] / pn);
 }
 
+// Backward only: per tile of each consumer WG of CTA 0, the cycles from the tile known to K / V
+// landed, the steps, the epilogue, and on to the next tile; then the producer's K / V issue
+// against the consumers' release. Means skip tile 0 (no previous tile to overlap).
+inline void print_bwd_tile_timeline(uint32_t const* dbuf, char const* title) {
+  std::vector<uint32_t> t(kTimelineBytes / sizeof(uint32_t));
+  CK(cudaMemcpy(t.data(), dbuf, kTimelineBytes, cudaMemcpyDeviceToHost));
+  uint32_t const* c0 = t.data() + tile_timeline_offset(0);
+  uint32_t const* prod = t.data() + kProducerTimelineOffset;
+  printf("%s, per tile (cycles)\n  wg tile |   start | wait K/V | steps loop | per step | epilogue | to next | steps\n", title);
+  auto rec = [&](int wg, int i) { return t.data() + tile_timeline_offset(wg) + i * kTileMarks; };
+  auto valid = [&](uint32_t const* m) { return m[kBTileStart] != 0 && m[kBTileStored] != 0; };
+  uint32_t const t0 = c0[kBTileStart];
+  for (int wg = 0; wg < 2; ++wg) {
+    double sum[4] = {0, 0, 0, 0}, steps = 0;
+    int n = 0;
+    for (int i = 0; i < kTileTimelineTiles && valid(rec(wg, i)); ++i) {
+      uint32_t const* m = rec(wg, i);
+      bool const has_next = i + 1 < kTileTimelineTiles && valid(rec(wg, i + 1));
+      int const n_steps = int(m[kBTileSteps]);
+      uint32_t const kv = m[kBTileKVReady] - m[kBTileStart], loop = m[kBTileLoopEnd] - m[kBTileKVReady];
+      uint32_t const epi = m[kBTileStored] - m[kBTileLoopEnd];
+      int const next = has_next ? int(rec(wg, i + 1)[kBTileStart] - m[kBTileStored]) : -1;
+      if (i < 10)
+        printf("  %2d %4d | %7d | %8u | %10u | %8.0f | %8u | %7d | %5d\n", wg, i, int(m[kBTileStart] - t0), kv, loop,
+               n_steps ? double(loop) / n_steps : 0.0, epi, next, n_steps);
+      if (i > 0 && has_next) {
+        sum[0] += kv, sum[1] += loop, sum[2] += epi, sum[3] += next, steps += n_steps;
+        ++n;
+      }
+    }
+    if (n)
+      printf("  %2d mean over tiles 1..%d: wait K/V %.0f, loop %.0f (%.0f per step, %.1f steps), epilogue %.0f, to next %.0f\n", wg,
+             n, sum[0] / n, sum[1] / n, steps ? sum[1] / steps : 0.0, steps / n, sum[2] / n, sum[3] / n);
+  }
+  // The producer, relative to the tile's WG 0 start; K / V free relative to the previous tile's
+  // later WG loop end (the release).
+  printf("  producer vs WG0 tile start | round top | K/V free | K/V issued | first Q issued | K/V free - release\n");
+  double ps[5] = {0, 0, 0, 0, 0};
+  int pn = 0;
+  for (int i = 1; i < kTileTimelineTiles && valid(rec(0, i)) && valid(rec(1, i)); ++i) {
+    uint32_t const* pm = prod + i * kProdMarks;
+    if (pm[kBProdTop] == 0) break;
+    uint32_t const s0 = rec(0, i)[kBTileStart];
+    uint32_t const rel = int(rec(0, i - 1)[kBTileLoopEnd] - rec(1, i - 1)[kBTileLoopEnd]) > 0 ? rec(0, i - 1)[kBTileLoopEnd]
+                                                                                                : rec(1, i - 1)[kBTileLoopEnd];
+    int const d[5] = {int(pm[kBProdTop] - s0), int(pm[kBProdKVFree] - s0), int(pm[kBProdKVIssued] - s0),
+                      int(pm[kBProdQIssued] - s0), int(pm[kBProdKVFree] - rel)};
+    if (i < 10) printf("  tile %4d | %9d | %8d | %10d | %14d | %18d\n", i, d[0], d[1], d[2], d[3], d[4]);
+    for (int k = 0; k < 5; ++k) ps[k] += d[k];
+    ++pn;
+  }
+  if (pn)
+    printf("  mean over tiles 1..%d: round top %.0f, K/V free %.0f, K/V issued %.0f, first Q issued %.0f, free - release %.0f\n", pn,
+           ps[0] / pn, ps[1] / pn, ps[2] / pn, ps[3] / pn, ps[4] / pn);
+}
+
 }  // namespace jax_flash::sm90
