@@ -70,10 +70,11 @@
 #define JF_BWD_DKV_BY_ROLE 1
 #endif
 
-// 1: the producer prefetches the next tile's K / V into L2 once it has issued this tile's loads
-// (experiment, session 50).
-#ifndef JF_BWD_KV_PREFETCH
-#define JF_BWD_KV_PREFETCH 0
+// 1: the by-role (H=256) epilogue stages each WG's two head-dim halves of dV / dK at once, the
+// second in the WG's dQ staging buffer, instead of one after the other through its P / dS buffer
+// (session 50's tile timeline: that epilogue takes ~6.3k cycles, more than a step).
+#ifndef JF_BWD_EPI_ONE_ROUND
+#define JF_BWD_EPI_ONE_ROUND 0
 #endif
 
 // 1: masked steps test each element against the step's TileMask (32-bit compares, mask.h; v77);
@@ -261,6 +262,8 @@ struct BwdTraits {
   // (smem_tensor_for_copy): every stage must start on the swizzle's 1 KB period.
   static_assert(kdSSize * sizeof(Element) % 1024 == 0, "dS / P stages on the 1 KB swizzle period");
   static_assert(!kSplitD || cute::cosize_v<SmemLayoutdKV> <= 2 * kdSSize, "dK / dV staging in the P / dS buffers");
+  static_assert(!kdKVByRole || cute::cosize_v<SmemLayoutdKV> * sizeof(Element) <= kdQStageFloats * sizeof(float),
+                "a dK / dV half in the dQ staging buffer (JF_BWD_EPI_ONE_ROUND)");
   static_assert(!kdKVInDQStage || cute::cosize_v<SmemLayoutdKV> * sizeof(Element) <= kdQStageFloats * sizeof(float),
                 "dK / dV staging in the dQ staging buffer");
   struct SharedStorage {
@@ -272,7 +275,8 @@ struct BwdTraits {
     // (An empty array_aligned still takes its alignment in bytes: kdKVInDQStage, which needs every
     // byte, gives its empty members 16.)
     cute::array_aligned<Element, kSplitD ? 2 * kdSSize : 0, kdKVInDQStage ? 16 : 1024> p;  // P, same layout as dS
-    cute::array_aligned<float, kMmaWGs * kdQStageFloats, kdKVInDQStage ? 1024 : 128> dq;  // dQ staging
+    // (1024-aligned where it stages swizzled dK / dV tiles: kdKVInDQStage, JF_BWD_EPI_ONE_ROUND.)
+    cute::array_aligned<float, kMmaWGs * kdQStageFloats, kdKVInDQStage || (kdKVByRole && JF_BWD_EPI_ONE_ROUND) ? 1024 : 128> dq;  // dQ staging
     cute::array_aligned<Element, kSplitD || kdKVInDQStage ? 0 : kMmaWGs * cute::cosize_v<SmemLayoutdKV>,
                         kdKVInDQStage ? 16 : 1024> dkv;  // epilogue
     alignas(16) float lse[kStages][kBlockM];   // lse * log2(e)
@@ -815,18 +819,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         ++loaded;
         // Dynamic: the next tile is claimed once this one's loads are all issued, near its end.
         claim_next();
-        if constexpr (JF_BWD_KV_PREFETCH) {
-          // The next tile's K / V into L2 now (its Q / dO loads are out, a few steps before the
-          // tile's end), so its TMA loads, which wait for this tile's consumers to release K / V,
-          // hit L2 instead of HBM at the tile boundary.
-          BwdTile const nw = Dynamic ? bwd_tile<T, Segments>(kp, claimed) : bwd_static_tile<T, Segments, SplitTail>(kp, r + 1);
-          if (!nw.done && nw.n_iters > 0) {
-            cute::prefetch(kp.tma_k, ck.partition_S(local_tile(mK_all(_, _, nw.t.h, nw.t.b), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                                                              make_coord(nw.t.m_block, _0{}))));
-            cute::prefetch(kp.tma_v, cv.partition_S(local_tile(mV_all(_, _, nw.t.h, nw.t.b), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                                                              make_coord(nw.t.m_block, _0{}))));
-          }
-        }
       }
       pipe_q.producer_tail(wr);
       pipe_do.producer_tail(wr_do);
@@ -1066,10 +1058,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         tl.mark(kBwdStart);
         if (wg == 0) {
           bwd_consumer_wait(pipe_q, rd);
+          tl.mark(kBwdLanded);
           wg_gemm<true, -1>(mma_role, wg_role.partition_fragment_A(sK), wg_role.partition_fragment_B(sQ)(_, _, _, rd.index()), acc);
           warpgroup_wait<0>();
         } else {
           bwd_consumer_wait(pipe_do, rd_do);
+          tl.mark(kBwdLanded);
           wg_gemm<true, -1>(mma_role, wg_role.partition_fragment_A(sV), wg_role.partition_fragment_B(sdO)(_, _, _, rd_do.index()), acc);
           warpgroup_wait<0>();
         }
@@ -1179,6 +1173,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
         }
         wg_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, rd.index()), tSrS);
         bwd_consumer_wait(pipe_do, rd_do);
+        tl.mark(kBwdLanded);
         wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, rd_do.index()), tdPrdP);
         tl.mark(kBwdIssued);
         Tensor s_rc = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
@@ -1430,11 +1425,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_bwd_kernel(__grid_c
       static_assert(2 * decltype(size(frag))::value == decltype(size(rX))::value, "two halves per WG");
       auto const& tma = wg == 0 ? kp.tma_dv : kp.tma_dk;
       if (store_kv) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int half = 0; half < 2; ++half) {
-          wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(
-              make_tensor(rX.data() + half * size(frag), frag), buf, tma, [&] { return gtile(tma, n_block, half); },
-              kBwdBarEpilogue + wg, tidx);
+        if constexpr (JF_BWD_EPI_ONE_ROUND) {
+          // Half 1 goes to the WG's dQ staging buffer (16 KB, free once the last dQ pieces' bulk
+          // reads are done), so both halves share one wait, one barrier and one bulk group.
+          Element* const buf1 = reinterpret_cast<Element*>(stage);
+          wg_wait_bulk_reads(tidx, kBwdBarEpilogue + wg);
+          wg_stage_tile<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(make_tensor(rX.data(), frag), buf, tidx);
+          wg_stage_tile<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(make_tensor(rX.data() + size(frag), frag), buf1, tidx);
+          fence_async_smem();
+          named_sync(128, kBwdBarEpilogue + wg);
+          if (tidx % 128 == 0) {
+            issue_tma_store<typename T::SmemLayoutdKV>(buf, tma, gtile(tma, n_block, 0));
+            issue_tma_store<typename T::SmemLayoutdKV>(buf1, tma, gtile(tma, n_block, 1));
+            cute::tma_store_arrive();
+          }
+        } else {
+          CUTLASS_PRAGMA_UNROLL
+          for (int half = 0; half < 2; ++half) {
+            wg_tma_store<typename T::TiledMmadKVWG, typename T::SmemLayoutdKV>(
+                make_tensor(rX.data() + half * size(frag), frag), buf, tma, [&] { return gtile(tma, n_block, half); },
+                kBwdBarEpilogue + wg, tidx);
+          }
         }
       }
       if (tidx % 128 == 0) cute::tma_store_wait<0>();  // the next tile's first step writes P / dS here

@@ -11,7 +11,7 @@
 namespace jax_flash::sm90 {
 
 constexpr int kTimelineSteps = 128;  // steps recorded per consumer warpgroup
-constexpr int kTimelineMarks = 6;    // see StepTimelineT::Mark (forward), BwdMark (backward)
+constexpr int kTimelineMarks = 7;    // room per step: StepTimelineT::Mark (forward, 6), BwdMark (backward, 7)
 // Host side: a device buffer of 2 * kTimelineSteps * kTimelineMarks uint32, or nullptr.
 // Thread 0 of each consumer warpgroup of CTA 0 writes [wg][step][mark] of every tile it runs
 // (later tiles overwrite earlier ones: with equal-length tiles, the last one remains).
@@ -28,11 +28,13 @@ inline uint32_t* bwd_timeline_buffer() { return g_bwd_timeline; }
 inline uint32_t* bwd_timeline_buffer() { return nullptr; }
 #endif
 
-// Backward step marks: step start, S^T / dP^T issued, P and dS formed, dS shared (after the WG
-// barrier; dV issued before it, and dK too in the head-dim split), the dQ GEMM complete (key
-// split: dK still running; head-dim split: every GEMM), step end (key split: dQ handed to the
-// writer warp and dK complete; head-dim split: dQ reduce issued).
-enum BwdMark { kBwdStart, kBwdIssued, kBwdPdS, kBwdShared, kBwdDQDone, kBwdEnd };
+// Backward step marks: step start, the step's operands landed (by role: Q for WG 0, dO for WG 1;
+// key split: Q, then S^T issued, then dO), S^T / dP^T issued (by role: complete), P and dS formed,
+// dS shared (after the WG barrier; dV issued before it, and dK too in the head-dim split), the dQ
+// GEMM complete (key split: dK still running; head-dim split: every GEMM), step end (key split:
+// dQ handed to the writer warp and dK complete; head-dim split: dQ reduce issued).
+enum BwdMark { kBwdStart, kBwdLanded, kBwdIssued, kBwdPdS, kBwdShared, kBwdDQDone, kBwdEnd };
+static_assert(kBwdEnd < kTimelineMarks);
 
 // kEnabled = false: every call is empty and the members are never touched (same SASS as no
 // timeline at all).
@@ -48,6 +50,7 @@ struct StepTimelineT {
     if constexpr (kEnabled) {
       out = buf && on ? buf + wg * kTimelineSteps * kTimelineMarks : nullptr;
       step = 0;
+      for (int i = 0; i < kTimelineMarks; ++i) t[i] = 0;  // (the forward uses 6 of the 7)
     }
   }
   // Every thread reads the clock (no divergent branch between wgmma issue and wait); only the

@@ -13,8 +13,10 @@ namespace jax_flash::sm90 {
 constexpr size_t kTimelineBytes =
     (kProducerTimelineOffset + kTileTimelineTiles * kProdMarks) * sizeof(uint32_t);
 
-// intervals: the names of the kTimelineMarks - 1 spans between consecutive marks.
-inline void print_timeline(uint32_t const* dbuf, char const* title, char const* const (&intervals)[kTimelineMarks - 1]) {
+// intervals: the names of the N spans between consecutive marks 0..N (N < kTimelineMarks).
+template <int N>
+inline void print_timeline(uint32_t const* dbuf, char const* title, char const* const (&intervals)[N]) {
+  static_assert(N < kTimelineMarks);
   std::vector<uint32_t> t(kTimelineBytes / sizeof(uint32_t));
   CK(cudaMemcpy(t.data(), dbuf, kTimelineBytes, cudaMemcpyDeviceToHost));
   printf("%s (cycles; start offsets relative to WG0 step 0)\n  wg step |  start |", title);
@@ -25,10 +27,10 @@ inline void print_timeline(uint32_t const* dbuf, char const* title, char const* 
     for (int i = 0; i < kTimelineSteps; ++i) {
       uint32_t const* m = &t[(wg * kTimelineSteps + i) * kTimelineMarks];
       uint32_t const* n = m + kTimelineMarks;
-      if (m[0] == 0 && m[kTimelineMarks - 1] == 0) break;
-      bool const has_next = i + 1 < kTimelineSteps && !(n[0] == 0 && n[kTimelineMarks - 1] == 0);
+      if (m[0] == 0 && m[N] == 0) break;
+      bool const has_next = i + 1 < kTimelineSteps && !(n[0] == 0 && n[N] == 0);
       printf("  %2d %4d | %6d |", wg, i, int(m[0] - t0));
-      for (int k = 0; k + 1 < kTimelineMarks; ++k) printf(" %*u |", int(strlen(intervals[k])), m[k + 1] - m[k]);
+      for (int k = 0; k < N; ++k) printf(" %*u |", int(strlen(intervals[k])), m[k + 1] - m[k]);
       printf(" %5d\n", has_next ? int(n[0] - m[0]) : -1);
     }
 }
@@ -107,13 +109,16 @@ inline void print_bwd_tile_timeline(uint32_t const* dbuf, char const* title) {
       if (i < 10)
         printf("  %2d %4d | %7d | %8u | %10u | %8.0f | %8u | %7d | %5d\n", wg, i, int(m[kBTileStart] - t0), kv, loop,
                n_steps ? double(loop) / n_steps : 0.0, epi, next, n_steps);
-      if (i > 0 && has_next) {
+      // Every launch of a bench loop rewrites records 0.. of its own tiles: where a later launch ran
+      // fewer tiles on CTA 0 (dynamic schedule), record i + 1 can be an earlier launch's (negative
+      // span): such tiles stay out of the means.
+      if (i > 0 && has_next && next >= 0) {
         sum[0] += kv, sum[1] += loop, sum[2] += epi, sum[3] += next, steps += n_steps;
         ++n;
       }
     }
     if (n)
-      printf("  %2d mean over tiles 1..%d: wait K/V %.0f, loop %.0f (%.0f per step, %.1f steps), epilogue %.0f, to next %.0f\n", wg,
+      printf("  %2d mean over %d tiles: wait K/V %.0f, loop %.0f (%.0f per step, %.1f steps), epilogue %.0f, to next %.0f\n", wg,
              n, sum[0] / n, sum[1] / n, steps ? sum[1] / steps : 0.0, steps / n, sum[2] / n, sum[3] / n);
   }
   // The producer, relative to the tile's WG 0 start; K / V free relative to the previous tile's
@@ -130,11 +135,12 @@ inline void print_bwd_tile_timeline(uint32_t const* dbuf, char const* title) {
     int const d[5] = {int(pm[kBProdTop] - s0), int(pm[kBProdKVFree] - s0), int(pm[kBProdKVIssued] - s0),
                       int(pm[kBProdQIssued] - s0), int(pm[kBProdKVFree] - rel)};
     if (i < 10) printf("  tile %4d | %9d | %8d | %10d | %14d | %18d\n", i, d[0], d[1], d[2], d[3], d[4]);
+    if (d[4] < 0) continue;  // record i - 1 from another launch (see above)
     for (int k = 0; k < 5; ++k) ps[k] += d[k];
     ++pn;
   }
   if (pn)
-    printf("  mean over tiles 1..%d: round top %.0f, K/V free %.0f, K/V issued %.0f, first Q issued %.0f, free - release %.0f\n", pn,
+    printf("  mean over %d tiles: round top %.0f, K/V free %.0f, K/V issued %.0f, first Q issued %.0f, free - release %.0f\n", pn,
            ps[0] / pn, ps[1] / pn, ps[2] / pn, ps[3] / pn, ps[4] / pn);
 }
 

@@ -131,21 +131,31 @@ __forceinline__ __device__ void wg_wait_bulk_reads(int tidx, int bar) {
 // backward dK / dV). The buffer's previous store is waited for first; bar is a 128-thread named
 // barrier id of this WG; make_gtile() gives the destination tile (called by the issuer only).
 // TMA clips rows and columns past the tensor's extents.
-template <class TiledMmaWG, class SmemLayout, class Frag, class Tma, class MakeGTile>
-__forceinline__ __device__ void wg_tma_store(Frag const& frag16, typename Frag::value_type* smem, Tma const& tma,
-                                             MakeGTile const& make_gtile, int bar, int tidx) {
+// wg_tma_store's parts, for callers that stage several tiles behind one wait and one barrier:
+// stmatrix of this thread's fragment into the buffer, and the issuer's TMA store of it.
+template <class TiledMmaWG, class SmemLayout, class Frag>
+__forceinline__ __device__ void wg_stage_tile(Frag const& frag16, typename Frag::value_type* smem, int tidx) {
   using Element = typename Frag::value_type;
-  bool const issuer = tidx % 128 == 0;
-  wg_wait_bulk_reads(tidx, bar);
   Tensor s = make_tensor(make_smem_ptr(smem), SmemLayout{});
   auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, TiledMmaWG{});
   auto thr = r2s.get_thread_slice(tidx % 128);
   cute::copy(r2s, thr.retile_S(frag16), thr.partition_D(s));
+}
+template <class SmemLayout, class Element, class Tma, class GTile>
+__forceinline__ __device__ void issue_tma_store(Element const* smem, Tma const& tma, GTile const& gtile) {
+  Tensor s = make_tensor(make_smem_ptr(smem), SmemLayout{});
+  auto c = tma.get_slice(_0{});
+  cute::copy(tma, group_modes<0, 3>(c.partition_S(s)), group_modes<0, 3>(c.partition_D(gtile)));
+}
+template <class TiledMmaWG, class SmemLayout, class Frag, class Tma, class MakeGTile>
+__forceinline__ __device__ void wg_tma_store(Frag const& frag16, typename Frag::value_type* smem, Tma const& tma,
+                                             MakeGTile const& make_gtile, int bar, int tidx) {
+  wg_wait_bulk_reads(tidx, bar);
+  wg_stage_tile<TiledMmaWG, SmemLayout>(frag16, smem, tidx);
   fence_async_smem();
   named_sync(128, bar);
-  if (issuer) {
-    auto c = tma.get_slice(_0{});
-    cute::copy(tma, group_modes<0, 3>(c.partition_S(s)), group_modes<0, 3>(c.partition_D(make_gtile())));
+  if (tidx % 128 == 0) {
+    issue_tma_store<SmemLayout>(smem, tma, make_gtile());
     cute::tma_store_arrive();
   }
 }

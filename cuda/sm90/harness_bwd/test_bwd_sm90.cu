@@ -256,7 +256,8 @@ static bool run_case(const Case& c, uint64_t seed) {
 static void print_timeline(uint32_t* dbuf, int H, int S, int causal) {
   char title[96];
   snprintf(title, sizeof(title), "bwd timeline H=%d S=%d causal=%d", H, S, causal);
-  sm90::print_timeline(dbuf, title, {"wait Q/dO + issue S,dP", "P, dS", "to dS shared", "to dQ done", "dQ out (+ dK)"});
+  sm90::print_timeline(dbuf, title, {"wait Q/dO (key split: + issue S)", "issue S,dP (by role: + GEMM)", "P, dS", "to dS shared", "to dQ done",
+                                     "dQ out (+ dK)"});
   sm90::print_bwd_tile_timeline(dbuf, title);
 }
 #endif
