@@ -262,9 +262,8 @@ struct BwdTraits {
   // (smem_tensor_for_copy): every stage must start on the swizzle's 1 KB period.
   static_assert(kdSSize * sizeof(Element) % 1024 == 0, "dS / P stages on the 1 KB swizzle period");
   static_assert(!kSplitD || cute::cosize_v<SmemLayoutdKV> <= 2 * kdSSize, "dK / dV staging in the P / dS buffers");
-  static_assert(!kdKVByRole || cute::cosize_v<SmemLayoutdKV> * sizeof(Element) <= kdQStageFloats * sizeof(float),
-                "a dK / dV half in the dQ staging buffer (JF_BWD_EPI_ONE_ROUND)");
-  static_assert(!kdKVInDQStage || cute::cosize_v<SmemLayoutdKV> * sizeof(Element) <= kdQStageFloats * sizeof(float),
+  static_assert(!(kdKVInDQStage || (kdKVByRole && JF_BWD_EPI_ONE_ROUND)) ||
+                    cute::cosize_v<SmemLayoutdKV> * sizeof(Element) <= kdQStageFloats * sizeof(float),
                 "dK / dV staging in the dQ staging buffer");
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;

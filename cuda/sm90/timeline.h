@@ -13,8 +13,8 @@ namespace jax_flash::sm90 {
 constexpr int kTimelineSteps = 128;  // steps recorded per consumer warpgroup
 constexpr int kTimelineMarks = 7;    // room per step: StepTimelineT::Mark (forward, 6), BwdMark (backward, 7)
 // Host side: a device buffer of 2 * kTimelineSteps * kTimelineMarks uint32, or nullptr.
-// Thread 0 of each consumer warpgroup of CTA 0 writes [wg][step][mark] of every tile it runs
-// (later tiles overwrite earlier ones: with equal-length tiles, the last one remains).
+// Thread 0 of each consumer warpgroup of CTA 0 writes [wg][step][mark] of its first
+// kTimelineSteps steps, counted across its tiles (each launch writes from step 0 again).
 #ifdef JF_FWD_TIMELINE
 extern uint32_t* g_fwd_timeline;
 inline uint32_t* fwd_timeline_buffer() { return g_fwd_timeline; }

@@ -13,12 +13,18 @@ namespace jax_flash::sm90 {
 constexpr size_t kTimelineBytes =
     (kProducerTimelineOffset + kTileTimelineTiles * kProdMarks) * sizeof(uint32_t);
 
+// The whole timeline buffer, copied to the host.
+inline std::vector<uint32_t> read_timeline(uint32_t const* dbuf) {
+  std::vector<uint32_t> t(kTimelineBytes / sizeof(uint32_t));
+  CK(cudaMemcpy(t.data(), dbuf, kTimelineBytes, cudaMemcpyDeviceToHost));
+  return t;
+}
+
 // intervals: the names of the N spans between consecutive marks 0..N (N < kTimelineMarks).
 template <int N>
 inline void print_timeline(uint32_t const* dbuf, char const* title, char const* const (&intervals)[N]) {
   static_assert(N < kTimelineMarks);
-  std::vector<uint32_t> t(kTimelineBytes / sizeof(uint32_t));
-  CK(cudaMemcpy(t.data(), dbuf, kTimelineBytes, cudaMemcpyDeviceToHost));
+  std::vector<uint32_t> const t = read_timeline(dbuf);
   printf("%s (cycles; start offsets relative to WG0 step 0)\n  wg step |  start |", title);
   for (char const* name : intervals) printf(" %s |", name);
   printf(" step\n");
@@ -38,8 +44,7 @@ inline void print_timeline(uint32_t const* dbuf, char const* title, char const* 
 // Forward only: per tile of each consumer WG of CTA 0, the cycles between the TileMark marks,
 // then the mean over the recorded tiles (the spans a tile spends outside its steady-state steps).
 inline void print_tile_timeline(uint32_t const* dbuf, char const* title) {
-  std::vector<uint32_t> t(kTimelineBytes / sizeof(uint32_t));
-  CK(cudaMemcpy(t.data(), dbuf, kTimelineBytes, cudaMemcpyDeviceToHost));
+  std::vector<uint32_t> const t = read_timeline(dbuf);
   uint32_t const* base = t.data() + tile_timeline_offset(0);
   printf("%s, per tile (cycles)\n  wg tile |  start | wait Q | first S | steps loop | epilogue | handoff | blocks | loop/block\n", title);
   uint32_t const t0 = base[0];
@@ -88,8 +93,7 @@ inline void print_tile_timeline(uint32_t const* dbuf, char const* title) {
 // landed, the steps, the epilogue, and on to the next tile; then the producer's K / V issue
 // against the consumers' release. Means skip tile 0 (no previous tile to overlap).
 inline void print_bwd_tile_timeline(uint32_t const* dbuf, char const* title) {
-  std::vector<uint32_t> t(kTimelineBytes / sizeof(uint32_t));
-  CK(cudaMemcpy(t.data(), dbuf, kTimelineBytes, cudaMemcpyDeviceToHost));
+  std::vector<uint32_t> const t = read_timeline(dbuf);
   uint32_t const* c0 = t.data() + tile_timeline_offset(0);
   uint32_t const* prod = t.data() + kProducerTimelineOffset;
   printf("%s, per tile (cycles)\n  wg tile |   start | wait K/V | steps loop | per step | epilogue | to next | steps\n", title);
@@ -111,8 +115,9 @@ inline void print_bwd_tile_timeline(uint32_t const* dbuf, char const* title) {
                n_steps ? double(loop) / n_steps : 0.0, epi, next, n_steps);
       // Every launch of a bench loop rewrites records 0.. of its own tiles: where a later launch ran
       // fewer tiles on CTA 0 (dynamic schedule), record i + 1 can be an earlier launch's (negative
-      // span): such tiles stay out of the means.
-      if (i > 0 && has_next && next >= 0) {
+      // span): such tiles stay out of the means, as do tiles without steps (their K/V and loop
+      // marks are the previous tile's).
+      if (i > 0 && has_next && next >= 0 && n_steps > 0) {
         sum[0] += kv, sum[1] += loop, sum[2] += epi, sum[3] += next, steps += n_steps;
         ++n;
       }

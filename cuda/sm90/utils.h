@@ -124,13 +124,6 @@ __forceinline__ __device__ void wg_wait_bulk_reads(int tidx, int bar) {
   named_sync(128, bar);
 }
 
-// One consumer warpgroup's 64 x N tile of 16-bit values, held as the C fragment of TiledMmaWG
-// (a single-warpgroup wgmma), out to global memory: registers -> the WG's smem buffer (stmatrix,
-// SmemLayout) -> one TMA store issued by the WG's first thread, which a few instructions hand
-// off instead of per-element stores with their address math and bounds checks (forward O,
-// backward dK / dV). The buffer's previous store is waited for first; bar is a 128-thread named
-// barrier id of this WG; make_gtile() gives the destination tile (called by the issuer only).
-// TMA clips rows and columns past the tensor's extents.
 // wg_tma_store's parts, for callers that stage several tiles behind one wait and one barrier:
 // stmatrix of this thread's fragment into the buffer, and the issuer's TMA store of it.
 template <class TiledMmaWG, class SmemLayout, class Frag>
@@ -147,6 +140,14 @@ __forceinline__ __device__ void issue_tma_store(Element const* smem, Tma const& 
   auto c = tma.get_slice(_0{});
   cute::copy(tma, group_modes<0, 3>(c.partition_S(s)), group_modes<0, 3>(c.partition_D(gtile)));
 }
+
+// One consumer warpgroup's 64 x N tile of 16-bit values, held as the C fragment of TiledMmaWG
+// (a single-warpgroup wgmma), out to global memory: registers -> the WG's smem buffer (stmatrix,
+// SmemLayout) -> one TMA store issued by the WG's first thread, which a few instructions hand
+// off instead of per-element stores with their address math and bounds checks (forward O,
+// backward dK / dV). The buffer's previous store is waited for first; bar is a 128-thread named
+// barrier id of this WG; make_gtile() gives the destination tile (called by the issuer only).
+// TMA clips rows and columns past the tensor's extents.
 template <class TiledMmaWG, class SmemLayout, class Frag, class Tma, class MakeGTile>
 __forceinline__ __device__ void wg_tma_store(Frag const& frag16, typename Frag::value_type* smem, Tma const& tma,
                                              MakeGTile const& make_gtile, int bar, int tidx) {
